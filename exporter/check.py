@@ -1,0 +1,81 @@
+"""The non-consuming check as one call: read, wait, read again, until the verdict settles.
+
+``hangwatch check`` (for a Docker HEALTHCHECK, cron or an exec probe) and the webhook's
+re-check both use ``check``. It takes a reading, and only if the verdict could still
+change does it wait ``interval`` seconds and take another: an idle server with a good probe
+or a busy server whose counters moved is settled after one or two readings; "hung" always
+needs three readings (two intervals) of in-flight work with nothing moving.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import requests
+
+from .observe import Observation, observe_backend, observe_proxy
+from .verdict import Verdict, judge
+
+MODULES = ("backend", "proxy")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    verdict: Verdict
+    module: str
+    observations: tuple[Observation, ...]
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+    @property
+    def probe_sent(self) -> bool:
+        return any(o.probe is not None for o in self.observations)
+
+    @property
+    def last_reading(self):
+        return next((o.reading for o in reversed(self.observations) if o.reading is not None), None)
+
+    def as_json(self) -> dict:
+        reading = self.observations[-1].reading
+        latest = self.last_reading
+        return {
+            "verdict": self.verdict.state,
+            "reason": self.verdict.reason,
+            "in_flight": reading.in_flight if reading else None,
+            "running": reading.running if reading else None,
+            "waiting": reading.waiting if reading else None,
+            "probe_sent": self.probe_sent,
+            "engine": latest.engine if latest else None,
+            "models": list(latest.models) if latest else [],
+            "module": self.module,
+            "readings": len(self.observations),
+            "exit_code": self.exit_code,
+        }
+
+
+def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: float = 5.0,
+          grace: float = 0.0, engine: str | None = None, session: requests.Session | None = None,
+          sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+          on_observation: Callable[[Observation, Verdict], None] | None = None) -> CheckResult:
+    """Observe ``url`` until the verdict is settled (at most a few intervals)."""
+    if module not in MODULES:
+        raise ValueError(f"unknown module {module!r} (known: {', '.join(MODULES)})")
+    session = session or requests.Session()
+    max_readings = 4 + math.ceil(grace / interval) if interval > 0 else 4
+    observations: list[Observation] = []
+    while True:
+        if module == "proxy":
+            observation = observe_proxy(session, url, timeout=timeout, clock=clock)
+        else:
+            observation = observe_backend(session, url, timeout=timeout, engine=engine, clock=clock)
+        observations.append(observation)
+        verdict = judge(observations, grace=grace)
+        if on_observation:
+            on_observation(observation, verdict)
+        if verdict.settled or len(observations) >= max_readings:
+            return CheckResult(verdict, module, tuple(observations))
+        sleep(interval)

@@ -1,0 +1,127 @@
+"""The ``hangwatch`` command: check, exporter, webhook, simulate.
+
+Bad usage is one line on stderr and exit 64 (DESIGN.md), never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .check import MODULES, check
+
+EXIT_USAGE = 64
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 64
+        sys.stderr.write(f"hangwatch: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or a positive number of seconds")
+    return value
+
+
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")) or len(text) < 10:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
+    return text.rstrip("/")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hangwatch", description="Keep LLM servers alive without hurting them.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    c = commands.add_parser("check", help="judge one backend: idle, busy, hung, restarted, blind or down")
+    c.add_argument("url", nargs="?", type=_url, help="the backend's base URL, e.g. http://127.0.0.1:8000")
+    c.add_argument("--proxy", type=_url, metavar="URL", help="check a load-balancing proxy via /v1/models only")
+    c.add_argument("--module", choices=MODULES, default=None)
+    c.add_argument("--interval", type=_positive, default=5.0, help="seconds between readings (default 5)")
+    c.add_argument("--timeout", type=_positive, default=5.0, help="seconds each request may take (default 5)")
+    c.add_argument("--grace", type=_non_negative, default=0.0,
+                   help="extra seconds without progress before hung (default 0: two intervals)")
+    c.add_argument("--engine", choices=("vllm", "llamacpp", "sglang", "tgi"), default=None,
+                   help="skip engine detection")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("-v", "--verbose", action="store_true", help="print each reading to stderr")
+
+    e = commands.add_parser("exporter", help="the Prometheus exporter (/probe?target=...)")
+    e.add_argument("--listen", default="127.0.0.1:9877", help="HOST:PORT (default 127.0.0.1:9877)")
+    e.add_argument("--config", default=None, help="YAML config file")
+
+    w = commands.add_parser("webhook", help="the Alertmanager receiver that restarts hung containers")
+    w.add_argument("--config", required=True, help="YAML config file")
+    w.add_argument("--listen", default="127.0.0.1:9878", help="HOST:PORT (default 127.0.0.1:9878)")
+    w.add_argument("--dry-run", action="store_true", help="decide and log, never restart")
+
+    s = commands.add_parser("simulate", help="a vLLM simulator for demos and tests")
+    s.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def run_check(args) -> int:
+    if args.proxy and args.url:
+        raise _usage("give either URL or --proxy URL, not both")
+    url = args.proxy or args.url
+    if not url:
+        raise _usage("check needs a URL")
+    module = "proxy" if args.proxy else (args.module or "backend")
+    if args.proxy and args.module not in (None, "proxy"):
+        raise _usage("--proxy means --module proxy")
+
+    def show(observation, verdict):
+        if args.verbose:
+            reading = observation.reading
+            load = f"in_flight={reading.in_flight:g}" if reading else f"status={observation.status}"
+            sys.stderr.write(f"reading {load} probe={'yes' if observation.probe else 'no'} "
+                             f"-> {verdict.state}: {verdict.reason}\n")
+
+    result = check(url, module=module, interval=args.interval, timeout=args.timeout,
+                   grace=args.grace, engine=args.engine, on_observation=show)
+    if args.json:
+        print(json.dumps(result.as_json()))
+    else:
+        print(f"{result.verdict.state}: {result.verdict.reason}")
+    return result.exit_code
+
+
+def _usage(message: str) -> SystemExit:
+    sys.stderr.write(f"hangwatch: {message}\n")
+    return SystemExit(EXIT_USAGE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "check":
+        return run_check(args)
+    if args.command == "exporter":
+        from .server import main as exporter_main
+        return exporter_main(args)
+    if args.command == "webhook":
+        from webhook.app import main as webhook_main
+        return webhook_main(args)
+    if args.command == "simulate":
+        from .simulator import main as simulator_main
+        return simulator_main(args.args) or 0
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

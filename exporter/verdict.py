@@ -1,0 +1,152 @@
+"""From observations over time to one verdict: idle, busy, hung, restarted, blind or down.
+
+This is the developers' truth table as a pure function; ``hangwatch check``, the webhook's
+re-check and the truth-table tests all call it, and the Prometheus rules are tested
+against the same scenarios. Only ``hung`` ever leads to a restart, so it is the hardest
+verdict to reach: requests in flight and no engine work across two consecutive intervals
+(and at least ``grace`` seconds), or a server that accepts connections and does not answer
+twice in a row, or an idle engine that fails its 1-token probe twice in a row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .engines import ENGINES_BY_NAME, GAUGE_FIELDS
+from .observe import ANSWERED, BLIND, Observation
+from .fetch import REFUSED, TIMEOUT, UNREACHABLE
+from .reading import Reading
+
+IDLE, BUSY, HUNG, RESTARTED, DOWN = "idle", "busy", "hung", "restarted", "down"
+VERDICTS = (IDLE, BUSY, HUNG, RESTARTED, BLIND, DOWN)
+# Exit codes of `hangwatch check` (DESIGN.md).
+EXIT_CODES = {IDLE: 0, BUSY: 0, RESTARTED: 0, HUNG: 1, BLIND: 2, DOWN: 2}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str
+    reason: str
+    settled: bool = True  # False: another reading could change it (the checker takes one)
+    answering: bool = True  # for `restarted`: did the new process answer?
+
+    @property
+    def exit_code(self) -> int:
+        if self.state == RESTARTED and not self.answering:
+            return 2
+        return EXIT_CODES[self.state]
+
+
+def same_process(before: Reading, after: Reading) -> bool:
+    """Counters of two processes must never be compared: is ``after`` the same process?"""
+    if before.engine != after.engine:
+        return False
+    if before.process_start is not None and after.process_start is not None:
+        return before.process_start == after.process_start
+    earlier, later = before.counters(), after.counters()
+    return not any(later[name] < value for name, value in earlier.items() if name in later)
+
+
+def progress(before: Reading, after: Reading) -> list[str]:
+    """The engine-work signals that moved between two readings of one process."""
+    moved = []
+    for name in ENGINES_BY_NAME[after.engine].progress:
+        old, new = getattr(before, name), getattr(after, name)
+        if old is None or new is None:
+            continue
+        if (new != old) if name in GAUGE_FIELDS else (new > old):
+            moved.append(name)
+    return moved
+
+
+def judge(observations: Sequence[Observation], *, grace: float = 0.0) -> Verdict:
+    """The verdict the latest observation supports, given the ones before it."""
+    if not observations:
+        raise ValueError("judge() needs at least one observation")
+    last = observations[-1]
+    if last.status in (REFUSED, UNREACHABLE):
+        return Verdict(DOWN, f"{last.error} (may be loading weights)")
+    if last.status == TIMEOUT:
+        streak = _trailing(observations, lambda o: o.status == TIMEOUT)
+        if streak >= 2:
+            return Verdict(HUNG, f"{last.error}, {streak} times in a row: the server process is wedged")
+        return Verdict(DOWN, f"{last.error} (once; hung if it repeats)", settled=False)
+    if last.status == BLIND:
+        return Verdict(BLIND, f"{last.error}; the server answers, but its load cannot be judged")
+    if last.reading is None:  # a proxy: answering is all we ask of it
+        return Verdict(IDLE, "answers /v1/models (a proxy: its backends are checked directly)")
+    return _judge_reading(observations, grace)
+
+
+def _judge_reading(observations: Sequence[Observation], grace: float) -> Verdict:
+    last = observations[-1]
+    reading = last.reading
+    previous = observations[-2] if len(observations) >= 2 else None
+    if previous is not None and previous.status == ANSWERED and previous.reading is not None \
+            and not same_process(previous.reading, reading):
+        how = ("process start time changed" if reading.process_start and previous.reading.process_start
+               else "counters went backwards")
+        if last.probe is not None and not last.probe.success:
+            return Verdict(RESTARTED, f"{how}; the new process does not answer yet: {last.probe.detail}",
+                           answering=False)
+        answer = last.probe.detail if last.probe else f"{reading.in_flight:g} in flight"
+        return Verdict(RESTARTED, f"{how}; counters of two processes are not compared ({answer})")
+    if reading.asleep:
+        return Verdict(IDLE, "engine is asleep (weights offloaded); not probed")
+    if reading.in_flight == 0:
+        return _judge_idle(observations)
+    return _judge_in_flight(observations, grace)
+
+
+def _judge_idle(observations: Sequence[Observation]) -> Verdict:
+    last = observations[-1]
+    if last.probe is None:
+        return Verdict(IDLE, "nothing in flight (not probed)")
+    if last.probe.success:
+        return Verdict(IDLE, f"nothing in flight; {last.probe.detail}")
+    streak = _trailing(observations, lambda o: o.probe is not None and not o.probe.success)
+    if streak >= 2:
+        return Verdict(HUNG, f"nothing in flight, yet the idle probe failed {streak} times in a row: "
+                             f"{last.probe.detail}")
+    return Verdict(IDLE, f"nothing in flight, but the idle probe failed once: {last.probe.detail}",
+                   settled=False)
+
+
+def _judge_in_flight(observations: Sequence[Observation], grace: float) -> Verdict:
+    last = observations[-1]
+    reading = last.reading
+    previous = observations[-2] if len(observations) >= 2 else None
+    load = f"{reading.running:g} running, {reading.waiting:g} waiting"
+    if previous is not None and previous.reading is not None:
+        moved = progress(previous.reading, reading)
+        if moved:
+            return Verdict(BUSY, f"{load}; engine progressing ({', '.join(moved)} moved); not probed")
+    # Walk back over the stall: in flight, same process, nothing moved.
+    start = len(observations) - 1
+    while start > 0:
+        before = observations[start - 1]
+        if before.status != ANSWERED or before.reading is None or before.reading.in_flight == 0:
+            break
+        if not same_process(before.reading, observations[start].reading):
+            break
+        if progress(before.reading, observations[start].reading):
+            break
+        start -= 1
+    intervals = len(observations) - 1 - start
+    stalled_for = last.taken_at - observations[start].taken_at
+    if intervals >= 2 and stalled_for >= grace:
+        return Verdict(HUNG, f"{load}, and no engine progress across {intervals} readings "
+                             f"({stalled_for:.1f}s): the engine is wedged")
+    if intervals == 0:
+        return Verdict(BUSY, f"{load}; progress not measured yet", settled=False)
+    return Verdict(BUSY, f"{load}; no engine progress for {stalled_for:.1f}s "
+                         f"({intervals} of 2 readings); watching", settled=False)
+
+
+def _trailing(observations: Sequence[Observation], predicate) -> int:
+    count = 0
+    for observation in reversed(observations):
+        if not predicate(observation):
+            break
+        count += 1
+    return count
