@@ -1,0 +1,110 @@
+"""A custom collector that reads one backend when Prometheus scrapes, and keeps nothing.
+
+Each ``/probe`` request builds a fresh registry holding one ``BackendCollector``; its
+``collect()`` observes the backend (and, only at idle, probes it) and turns the observation
+into normalized series. Rates and "no progress for N seconds" are PromQL's job, which is
+what keeps two Prometheus replicas scraping one exporter correct. A failed backend is data
+(``hangwatch_up 0``), never an HTTP error.
+
+Sample output for a busy vLLM::
+
+    hangwatch_up 1.0
+    hangwatch_connection_stalled 0.0
+    hangwatch_metrics_available 1.0
+    hangwatch_requests_running 4.0
+    hangwatch_requests_waiting 0.0
+    hangwatch_requests_in_flight 4.0
+    hangwatch_engine_steps_total 5123.0
+    hangwatch_engine_tokens_total{kind="prompt"} 812.0
+    hangwatch_engine_tokens_total{kind="generation"} 20480.0
+    hangwatch_prefix_cache_queries_total 812.0
+    hangwatch_requests_finished_total 12.0
+    hangwatch_kv_cache_usage_ratio 0.031
+    hangwatch_process_start_time_seconds 1.7644e+09
+    hangwatch_engine_asleep 0.0
+    hangwatch_scrape_duration_seconds 0.0021
+    hangwatch_backend_info{engine="vllm",models="tiny",module="backend"} 1.0
+"""
+from __future__ import annotations
+
+import time
+
+import requests
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .fetch import TIMEOUT
+from .observe import Observation, observe_backend, observe_proxy
+
+_COUNTERS = (
+    ("steps", "hangwatch_engine_steps", "Engine iterations (the engine's heartbeat)."),
+    ("prefix_cache_queries", "hangwatch_prefix_cache_queries",
+     "Prefix-cache queries; jumps when a prefill is scheduled."),
+    ("finished", "hangwatch_requests_finished", "Requests the engine finished."),
+)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def families_for(observation: Observation, module: str, duration: float):
+    """The normalized series for one observation (a pure function, tested directly)."""
+    yield _gauge("hangwatch_up", "1 if the backend answered HTTP within the budget.",
+                 1.0 if observation.answered else 0.0)
+    yield _gauge("hangwatch_connection_stalled",
+                 "1 if the connection was accepted but no answer came within the budget.",
+                 1.0 if observation.status == TIMEOUT else 0.0)
+    reading = observation.reading
+    if module != "proxy":
+        yield _gauge("hangwatch_metrics_available", "1 if the backend's /metrics gave a usable reading.",
+                     1.0 if reading is not None else 0.0)
+    if reading is not None:
+        yield _gauge("hangwatch_requests_running", "Requests the engine is processing.", reading.running)
+        yield _gauge("hangwatch_requests_waiting", "Requests queued in the engine.", reading.waiting)
+        yield _gauge("hangwatch_requests_in_flight", "Running plus waiting requests.", reading.in_flight)
+        for field, name, doc in _COUNTERS:
+            if getattr(reading, field) is not None:
+                yield CounterMetricFamily(name, doc, value=getattr(reading, field))
+        if reading.prompt_tokens is not None or reading.generation_tokens is not None:
+            tokens = CounterMetricFamily("hangwatch_engine_tokens", "Tokens processed by the engine.",
+                                         labels=["kind"])
+            if reading.prompt_tokens is not None:
+                tokens.add_metric(["prompt"], reading.prompt_tokens)
+            if reading.generation_tokens is not None:
+                tokens.add_metric(["generation"], reading.generation_tokens)
+            yield tokens
+        if reading.kv_cache_usage is not None:
+            yield _gauge("hangwatch_kv_cache_usage_ratio", "KV-cache usage, 0 to 1.", reading.kv_cache_usage)
+        if reading.process_start is not None:
+            yield _gauge("hangwatch_process_start_time_seconds",
+                         "The backend process' start time (seconds since the epoch).", reading.process_start)
+        yield _gauge("hangwatch_engine_asleep", "1 if the engine is asleep (weights offloaded).",
+                     1.0 if reading.asleep else 0.0)
+    if observation.probe is not None:
+        yield _gauge("hangwatch_probe_success", "1 if the idle 1-token probe answered (sent only at idle).",
+                     1.0 if observation.probe.success else 0.0)
+        yield _gauge("hangwatch_probe_duration_seconds", "How long the idle probe took.", observation.probe.duration)
+    yield _gauge("hangwatch_scrape_duration_seconds", "How long reading this backend took.", duration)
+    info = GaugeMetricFamily("hangwatch_backend_info", "What was found at the target.",
+                             labels=["engine", "module", "models"])
+    info.add_metric([reading.engine if reading else "", module, ",".join(reading.models) if reading else ""], 1.0)
+    yield info
+
+
+class BackendCollector:
+    """Reads one target on every ``collect()``; nothing is kept between scrapes."""
+
+    def __init__(self, target: str, module: str, budget: float, session: requests.Session | None = None):
+        self.target, self.module, self.budget = target, module, budget
+        self.session = session or requests.Session()
+        self.last_observation: Observation | None = None
+
+    def collect(self):
+        started = time.monotonic()
+        if self.module == "proxy":
+            observation = observe_proxy(self.session, self.target, timeout=self.budget)
+        else:
+            half = self.budget / 2  # the rest of the budget is the idle probe's
+            observation = observe_backend(self.session, self.target, timeout=half, probe_timeout=half)
+        self.last_observation = observation
+        yield from families_for(observation, self.module, time.monotonic() - started)
