@@ -60,6 +60,7 @@ class Reading:
 
 _LABELS = r'(?:\{(?P<labels>(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*)\})?'
 _VALUE = r'[ \t]+(?P<value>[^ \t\n]+)(?:[ \t]+-?\d+)?[ \t]*$'
+_COMPLETE_LINE = re.compile(r'^(?:#.*|[A-Za-z_:][A-Za-z0-9_:]*' + _LABELS + r'[ \t]+\S+(?:[ \t]+-?\d+)?[ \t]*)$')
 _LABEL_PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -126,6 +127,8 @@ def parse(page: str, engine: str | None = None) -> Reading:
     if spec is None:
         raise UnreadablePage("no known engine metrics on the page (vLLM, llama.cpp, SGLang, TGI)")
     plan = _PLANS[spec.name]
+    if not page.endswith("\n") and not _COMPLETE_LINE.match(page[page.rfind("\n") + 1:]):
+        raise UnreadablePage("page is truncated (its last line is cut off)")
     samples: dict[str, float] = {}
     seen: set[tuple[str, str]] = set()
     models: list[str] = []

@@ -1,0 +1,82 @@
+"""A tiny HTTP server that answers whatever a test tells it to: for bad-input tests.
+
+Each path maps to a response: a status, body and content type, a body generator (for a
+100 MB page), or ``"silent"`` (accept the connection, never answer — like a stopped
+process). Real sockets, so the fetch code is exercised as in production.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Page:
+    body: bytes | None = b""
+    status: int = 200
+    content_type: str = "text/plain; version=0.0.4"
+    chunks: object = None      # an iterable of bytes, sent chunked (for huge pages)
+    silent: bool = False       # accept, read the request, never answer
+
+
+class PageServer:
+    def __init__(self):
+        self.pages: dict[str, Page] = {}
+        self.requests: list[tuple[str, str]] = []
+        self._release = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self):
+                server.requests.append((self.command, self.path))
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                page = server.pages.get(self.path)
+                if page is None:
+                    page = Page(b"not found", 404)
+                if page.silent:
+                    server._release.wait(30)
+                    return
+                self.send_response(page.status)
+                self.send_header("Content-Type", page.content_type)
+                if page.chunks is not None:
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    try:
+                        for chunk in page.chunks:
+                            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.write(b"0\r\n\r\n")
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
+                self.send_header("Content-Length", str(len(page.body)))
+                self.end_headers()
+                self.wfile.write(page.body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self._release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
