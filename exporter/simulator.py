@@ -37,7 +37,6 @@ import gc
 import json
 import math
 import os
-import platform
 import select
 import signal
 import socket
@@ -378,7 +377,7 @@ class _PageSource:
             self.gauges = eng.gauges()
             self.sleep_level = eng.sleep_level
             self.seen = eng.seen_request
-            self.created = eng.created
+            self.created_at = eng.created
         self.http = sim.http
         self.multiprocess = sim.multiprocess
         self.model = sim.model
@@ -407,6 +406,9 @@ class _PageSource:
             if self.multiprocess and not self.seen:
                 return None
             return self.gauges[name]
+        if name == "vllm:num_requests_waiting_by_reason":
+            waiting = self.gauges["vllm:num_requests_waiting"]
+            return waiting if labels.get("reason") == "capacity" else 0.0
         if name == "vllm:engine_sleep_state":
             state = labels.get("sleep_state")
             level = self.sleep_level
@@ -443,12 +445,12 @@ class _PageSource:
         if name.startswith("http_"):
             c = self.http.created
             if name == "http_requests":
-                return c.get(("t", labels["method"], labels["status"], labels["handler"]), self.created)
+                return c.get(("t", labels["method"], labels["status"], labels["handler"]), self.created_at)
             if name == "http_request_duration_seconds":
-                return c.get(("l", labels["method"], labels["handler"]), self.created)
+                return c.get(("l", labels["method"], labels["handler"]), self.created_at)
             if name in ("http_request_size_bytes", "http_response_size_bytes"):
-                return c.get(("h", labels["handler"]), self.created)
-        return self.created
+                return c.get(("h", labels["handler"]), self.created_at)
+        return self.created_at
 
 
 class Simulator:
@@ -762,17 +764,21 @@ class _Handler(BaseHTTPRequestHandler):
             with self.simulator._lock:
                 self.simulator._conns.discard(self.connection)
 
-    def handle_one_request(self) -> None:
-        # Unresponsive: the connection was accepted; nothing is read or answered.
+    def _hold(self) -> bool:
+        """Unresponsive: the connection is accepted, nothing is answered. False: drop it."""
         sim = self.simulator
         with sim._lock:
             generation = sim._generation
             while sim._mode == "unresponsive" and not sim._stopping.is_set():
                 sim._mode_changed.wait(0.2)
-            if sim._stopping.is_set() or sim._generation != generation and sim._mode == "dead":
+            if sim._stopping.is_set() or (sim._generation != generation and sim._mode == "dead"):
                 self.close_connection = True
-                return
-        super().handle_one_request()
+                return False
+        return True
+
+    def handle_one_request(self) -> None:
+        if self._hold():
+            super().handle_one_request()
 
     # -- plumbing ------------------------------------------------------------------------
     def _send(self, code: int, body: bytes, content_type: str = "application/json",
@@ -803,6 +809,8 @@ class _Handler(BaseHTTPRequestHandler):
     # -- routes --------------------------------------------------------------------------
     def do_GET(self) -> None:
         sim = self.simulator
+        if not self._hold():
+            return
         path = self.path.split("?", 1)[0]
         started = time.monotonic()
         if path == "/metrics" or path.startswith("/metrics/"):
@@ -827,6 +835,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         sim = self.simulator
+        if not self._hold():
+            return
         path = self.path.split("?", 1)[0]
         started = time.monotonic()
         if path == "/_sim/state":
