@@ -386,6 +386,14 @@ class _PageSource:
         return tuple(sorted((k, v) for k, v in labels.items() if k not in ("model_name", "engine")))
 
     def rows(self, fam):
+        if fam.name.startswith("vllm:") and fam.type == "gauge" and not fam.rows:
+            # multiprocess ("mostrecent") gauges have no sample until first set
+            if not self.seen:
+                return []
+            base = {"engine": "0", "model_name": self.model}
+            if fam.name == "vllm:num_requests_waiting_by_reason":
+                return [{**base, "reason": r} for r in ("capacity", "deferred")]
+            return [base]
         if not fam.dynamic:
             return None
         http = self.http
