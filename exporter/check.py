@@ -15,10 +15,11 @@ from typing import Callable
 
 import requests
 
-from .observe import Observation, observe_backend, observe_proxy
+from .modules import OBSERVERS, observer_for
+from .observe import Observation
 from .verdict import Verdict, judge
 
-MODULES = ("backend", "proxy")
+MODULES = tuple(OBSERVERS)
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,12 @@ def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: 
           sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
           on_observation: Callable[[Observation, Verdict], None] | None = None) -> CheckResult:
     """Observe ``url`` until the verdict is settled (at most a few intervals)."""
-    if module not in MODULES:
-        raise ValueError(f"unknown module {module!r} (known: {', '.join(MODULES)})")
+    observe = observer_for(module)
     session = session or requests.Session()
     max_readings = 4 + math.ceil(grace / interval) if interval > 0 else 4
     observations: list[Observation] = []
     while True:
-        if module == "proxy":
-            observation = observe_proxy(session, url, timeout=timeout, clock=clock)
-        else:
-            observation = observe_backend(session, url, timeout=timeout, engine=engine, clock=clock)
+        observation = observe(session, url, timeout=timeout, probe_timeout=timeout, engine=engine, clock=clock)
         observations.append(observation)
         verdict = judge(observations, grace=grace)
         if on_observation:

@@ -33,7 +33,8 @@ import requests
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .fetch import TIMEOUT
-from .observe import Observation, observe_backend, observe_proxy
+from .modules import READS_LOAD, observer_for
+from .observe import Observation
 
 _COUNTERS = (
     ("steps", "hangwatch_engine_steps", "Engine iterations (the engine's heartbeat)."),
@@ -55,7 +56,7 @@ def families_for(observation: Observation, module: str, duration: float):
                  "1 if the connection was accepted but no answer came within the budget.",
                  1.0 if observation.status == TIMEOUT else 0.0)
     reading = observation.reading
-    if module != "proxy":
+    if module in READS_LOAD:
         yield _gauge("hangwatch_metrics_available", "1 if the backend's /metrics gave a usable reading.",
                      1.0 if reading is not None else 0.0)
     if reading is not None:
@@ -101,10 +102,8 @@ class BackendCollector:
 
     def collect(self):
         started = time.monotonic()
-        if self.module == "proxy":
-            observation = observe_proxy(self.session, self.target, timeout=self.budget)
-        else:
-            half = self.budget / 2  # the rest of the budget is the idle probe's
-            observation = observe_backend(self.session, self.target, timeout=half, probe_timeout=half)
+        half = self.budget / 2  # the rest of the budget is the idle probe's
+        observation = observer_for(self.module)(self.session, self.target, timeout=half, probe_timeout=half,
+                                                engine=None, clock=time.monotonic)
         self.last_observation = observation
         yield from families_for(observation, self.module, time.monotonic() - started)

@@ -17,9 +17,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 from .collector import BackendCollector
 from .config import ConfigError, ExporterConfig, http_url, load_exporter_config
+from .modules import OBSERVERS
 
 log = logging.getLogger("hangwatch.exporter")
-MODULES = ("backend", "proxy")
 
 PROBES = Counter("hangwatch_exporter_probes", "Probe requests answered, by module and HTTP code.",
                  ["module", "code"])
@@ -49,8 +49,8 @@ def answer_probe(query: str, timeout_header: str | None, config: ExporterConfig)
     if len(targets) != 1 or len(modules) != 1:
         return 400, "text/plain", b"exactly one target= (and at most one module=) is required\n"
     module = modules[0] or "backend"
-    if module not in MODULES:
-        return 400, "text/plain", f"unknown module {module!r} (known: {', '.join(MODULES)})\n".encode()
+    if module not in OBSERVERS:
+        return 400, "text/plain", f"unknown module {module!r} (known: {', '.join(OBSERVERS)})\n".encode()
     try:
         target = http_url(targets[0], "target")
     except ConfigError as exc:
@@ -77,7 +77,7 @@ def make_handler(config: ExporterConfig):
                 code, content_type, body = answer_probe(
                     url.query, self.headers.get("X-Prometheus-Scrape-Timeout-Seconds"), config)
                 module = parse_qs(url.query).get("module", ["backend"])[0]
-                PROBES.labels(module if module in MODULES else "invalid", str(code)).inc()
+                PROBES.labels(module if module in OBSERVERS else "invalid", str(code)).inc()
                 PROBE_SECONDS.observe(time.monotonic() - started)
             elif url.path == "/metrics":
                 code, content_type, body = 200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY)

@@ -47,10 +47,15 @@ def same_process(before: Reading, after: Reading) -> bool:
     return not any(later[name] < value for name, value in earlier.items() if name in later)
 
 
+def progress_fields(engine: str) -> tuple[str, ...]:
+    spec = ENGINES_BY_NAME.get(engine)
+    return spec.progress if spec else ()
+
+
 def progress(before: Reading, after: Reading) -> list[str]:
     """The engine-work signals that moved between two readings of one process."""
     moved = []
-    for name in ENGINES_BY_NAME[after.engine].progress:
+    for name in progress_fields(after.engine):
         old, new = getattr(before, name), getattr(after, name)
         if old is None or new is None:
             continue
@@ -117,6 +122,9 @@ def _judge_in_flight(observations: Sequence[Observation], grace: float) -> Verdi
     reading = last.reading
     previous = observations[-2] if len(observations) >= 2 else None
     load = f"{reading.running:g} running, {reading.waiting:g} waiting"
+    if not progress_fields(reading.engine):
+        return Verdict(BUSY, f"{load}; {reading.engine} exposes no progress counter: busy, unverified "
+                             "(never restarted on this basis)")
     if previous is not None and previous.reading is not None:
         moved = progress(previous.reading, reading)
         if moved:
