@@ -503,7 +503,7 @@ class Simulator:
     # -- lifecycle ---------------------------------------------------------------------
     def _fresh_process(self) -> None:
         now = self.clock.now()
-        self.start_time = now
+        self.start_time = now - 1.0     # the process starts a little before its engine
         self.engine = Engine(self.clock, self._bounds, **self._engine_args)
         highr = next((f.bounds for f in self.families
                       if f.name == "http_request_duration_highr_seconds"), [math.inf])
