@@ -25,6 +25,10 @@ class _StateCollector:
         self._circuit_open = circuit_open
         self._jobs = jobs
 
+    def describe(self):  # so registering does not call collect() before the app exists
+        yield GaugeMetricFamily("hangwatch_webhook_circuit_open", "", labels=["target"])
+        yield GaugeMetricFamily("hangwatch_webhook_jobs_in_progress", "")
+
     def collect(self):
         circuit = GaugeMetricFamily("hangwatch_webhook_circuit_open",
                                     "1 while the target's restart budget is spent: no restarts until "
