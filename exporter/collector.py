@@ -23,16 +23,20 @@ Sample output for a busy vLLM::
     hangwatch_process_start_time_seconds 1.7644e+09
     hangwatch_engine_asleep 0.0
     hangwatch_scrape_duration_seconds 0.0021
-    hangwatch_backend_info{engine="vllm",models="tiny",module="backend"} 1.0
+    hangwatch_backend_info{engine="vllm",models="tiny",module="backend",version="0.32.0"} 1.0
 """
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 
 import requests
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .fetch import TIMEOUT
+from .engines import ENGINES_BY_NAME
+from .fetch import OK, request
 from .modules import READS_LOAD, observer_for
 from .observe import Observation
 
@@ -87,9 +91,25 @@ def families_for(observation: Observation, module: str, duration: float):
         yield _gauge("hangwatch_probe_duration_seconds", "How long the idle probe took.", observation.probe.duration)
     yield _gauge("hangwatch_scrape_duration_seconds", "How long reading this backend took.", duration)
     info = GaugeMetricFamily("hangwatch_backend_info", "What was found at the target.",
-                             labels=["engine", "module", "models"])
-    info.add_metric([reading.engine if reading else "", module, ",".join(reading.models) if reading else ""], 1.0)
+                             labels=["engine", "module", "models", "version"])
+    info.add_metric([reading.engine if reading else "", module, ",".join(reading.models) if reading else "",
+                     (reading.version or "") if reading else ""], 1.0)
     yield info
+
+
+def engine_version(session: requests.Session, target: str, engine: str, timeout: float) -> str | None:
+    """The engine's version from its cheap version endpoint, for the info series only."""
+    spec = ENGINES_BY_NAME.get(engine)
+    if spec is None or spec.version_path is None:
+        return None
+    fetched = request(session, "GET", target.rstrip("/") + spec.version_path, timeout=timeout, max_bytes=4096)
+    if fetched.status != OK:
+        return None
+    try:
+        version = json.loads(fetched.body).get("version")
+    except (ValueError, AttributeError):
+        return None
+    return str(version)[:64] if version else None
 
 
 class BackendCollector:
@@ -105,5 +125,8 @@ class BackendCollector:
         half = self.budget / 2  # the rest of the budget is the idle probe's
         observation = observer_for(self.module)(self.session, self.target, timeout=half, probe_timeout=half,
                                                 engine=None, clock=time.monotonic)
+        if observation.reading is not None:
+            version = engine_version(self.session, self.target, observation.reading.engine, min(1.0, half))
+            observation = replace(observation, reading=replace(observation.reading, version=version))
         self.last_observation = observation
         yield from families_for(observation, self.module, time.monotonic() - started)

@@ -44,6 +44,8 @@ class EngineMetrics:
     progress: tuple[str, ...] = ()
     # Series a scrape must never rely on, and why (documentation; the parser ignores them).
     unreliable: dict[str, str] = field(default_factory=dict)
+    # A cheap endpoint answering {"version": "..."} (never touches the engine), if any.
+    version_path: str | None = None
 
 
 VLLM = EngineMetrics(
@@ -69,6 +71,7 @@ VLLM = EngineMetrics(
         "finished",
         "kv_cache_usage",
     ),
+    version_path="/version",
     unreliable={
         "vllm:prompt_tokens_total": "flat during a whole chunked prefill (measured, vLLM 0.32)",
         "vllm:iteration_tokens_total": "flat during a whole chunked prefill (measured, vLLM 0.32)",

@@ -54,9 +54,17 @@ def test_busy_backend_gives_normalized_series_and_no_probe(exporter, backend):
     assert got[("hangwatch_engine_steps_total", ())] == 50
     assert got[("hangwatch_engine_tokens_total", (("kind", "prompt"),))] == 150
     assert got[("hangwatch_kv_cache_usage_ratio", ())] == 0.75
-    assert got[("hangwatch_backend_info", (("engine", "vllm"), ("models", "tiny"), ("module", "backend")))] == 1
+    assert got[("hangwatch_backend_info", (("engine", "vllm"), ("models", "tiny"), ("module", "backend"), ("version", "")))] == 1
     assert not any(name.startswith("hangwatch_probe_") for name, _ in got)
-    assert backend.requests == [("GET", "/metrics")]
+    assert backend.requests == [("GET", "/metrics"), ("GET", "/version")]
+
+
+def test_info_carries_the_engine_version(exporter, backend):
+    backend.pages["/metrics"] = Page(VLLM_TWO_ENGINES.encode())
+    backend.pages["/version"] = Page(b'{"version":"0.32.0"}', content_type="application/json")
+    got = samples(probe(exporter, backend.url).text)
+    assert got[("hangwatch_backend_info", (("engine", "vllm"), ("models", "tiny"), ("module", "backend"),
+                                           ("version", "0.32.0")))] == 1
 
 
 def test_idle_backend_is_probed_inside_the_scrape(exporter, backend):
