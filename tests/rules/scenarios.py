@@ -1,0 +1,154 @@
+"""The truth table as data: load tests/scenarios/*.yaml, the one source for both engines.
+
+A scenario is a backend's readings over time, one step per scrape (the shipped rules assume
+a 15 s scrape interval), with the verdict expected after each step and the alerts expected
+to be firing. ``test_truth_table_python`` feeds the steps to ``exporter.verdict.judge``;
+``gen_promtool`` turns the same steps into ``promtool test rules`` files.
+
+Step fields (see tests/scenarios/README.md for the full format):
+
+- ``status``: ``ok`` (default), ``blind`` (HTTP answered, /metrics unusable), ``refused``,
+  ``timeout`` (connection accepted, no answer: the stalled case), ``gap`` (Prometheus failed
+  to scrape the exporter: no reading at all) or ``absent`` (no hangwatch target exists).
+- reading fields, carried over from the previous step unless given (``null`` = the engine
+  does not provide it): ``running``, ``waiting``, ``steps``, ``prompt``, ``gen``,
+  ``prefix``, ``finished``, ``kv``, ``start``, ``asleep``.
+- ``probe``: ``ok`` / ``fail``; by default a probe is sent and succeeds exactly when the
+  exporter would send one (status ok, nothing in flight, not asleep).
+- ``expect``: the verdict of both engines after this step (``none`` for gap/absent steps).
+  ``expect_promql`` (with ``why``) where the PromQL state necessarily differs in timing.
+- ``alerts``: the alert names firing at this step's evaluation time (default none).
+- ``repeat``: the step repeated N times.
+
+Time mapping: step i is the reading scraped at ``i * 15 s``; the PromQL state and alerts
+for step i are checked at ``i * 15 s + 5 s`` (one rule evaluation interval later), when
+the rules see exactly that reading and the ones before it. ``alert_checks`` add checks at
+other instants (the ``for:`` boundaries), in seconds from step 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO_DIR = ROOT / "tests" / "scenarios"
+RULE_FILES = (ROOT / "rules" / "hangwatch-recording.yml", ROOT / "rules" / "hangwatch-alerts.yml")
+
+SCRAPE_INTERVAL = 15   # seconds: the interval the shipped rules assume (rules/retime.py)
+EVAL_OFFSET = 5        # seconds after a scrape at which its step is checked (the group interval)
+
+STATES = ("idle", "busy", "hung", "restarted", "blind", "down")
+STATUSES = ("ok", "blind", "refused", "timeout", "gap", "absent")
+READING_FIELDS = ("running", "waiting", "steps", "prompt", "gen", "prefix", "finished", "kv", "start", "asleep")
+ALERTS = ("HangwatchBackendHung", "HangwatchBackendDown", "HangwatchBackendBlind",
+          "HangwatchBackendRestarted", "HangwatchExporterDown", "HangwatchExporterAbsent")
+STEP_KEYS = set(READING_FIELDS) | {"status", "probe", "expect", "expect_promql", "why", "alerts", "repeat", "note"}
+SCENARIO_KEYS = {"name", "description", "module", "grace", "steps", "alert_checks"}
+TARGET_LABELS = {"job": "hangwatch", "instance": "http://127.0.0.1:8000", "target": "vllm-a", "container": "vllm-a"}
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    status: str
+    values: dict            # reading fields (None = not provided by the engine)
+    probe: bool | None      # None: no probe sent
+    expect: str             # a verdict, or "none"
+    expect_promql: str
+    why: str
+    alerts: tuple[str, ...]
+
+    @property
+    def scraped(self) -> bool:
+        return self.status not in ("gap", "absent")
+
+    @property
+    def in_flight(self) -> float:
+        return (self.values.get("running") or 0) + (self.values.get("waiting") or 0)
+
+    @property
+    def time(self) -> int:
+        return self.index * SCRAPE_INTERVAL
+
+    @property
+    def eval_time(self) -> int:
+        return self.time + EVAL_OFFSET
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    module: str
+    grace: float
+    steps: tuple[Step, ...]
+    alert_checks: tuple[tuple[int, tuple[str, ...]], ...] = field(default=())
+    path: Path | None = None
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+def _seconds(value) -> int:
+    text = str(value)
+    if text.endswith("s"):
+        text = text[:-1]
+    return int(text)
+
+
+def load(path: Path) -> Scenario:
+    data = yaml.safe_load(path.read_text())
+    where = path.name
+    unknown = set(data) - SCENARIO_KEYS
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+    module = data.get("module", "backend")
+    values: dict = {"running": 0, "waiting": 0, "asleep": 0}
+    steps: list[Step] = []
+    for n, raw in enumerate(data["steps"]):
+        at = f"{where}: steps[{n}]"
+        unknown = set(raw) - STEP_KEYS
+        if unknown:
+            raise ScenarioError(f"{at}: unknown key {sorted(unknown)[0]!r}")
+        status = raw.get("status", "ok")
+        if status not in STATUSES:
+            raise ScenarioError(f"{at}.status: {status!r} not one of {STATUSES}")
+        for name in READING_FIELDS:
+            if name in raw:
+                values[name] = raw[name]
+        expect = raw.get("expect")
+        if expect is None:
+            raise ScenarioError(f"{at}.expect: required")
+        if (expect == "none") == (status in ("ok", "blind", "refused", "timeout")):
+            raise ScenarioError(f"{at}.expect: 'none' exactly for gap/absent steps")
+        if expect != "none" and expect not in STATES:
+            raise ScenarioError(f"{at}.expect: {expect!r} not a verdict")
+        expect_promql = raw.get("expect_promql", expect)
+        if expect_promql != expect and not raw.get("why"):
+            raise ScenarioError(f"{at}.why: required when expect_promql differs from expect")
+        alerts = tuple(raw.get("alerts", ()))
+        for alert in alerts:
+            if alert not in ALERTS:
+                raise ScenarioError(f"{at}.alerts: unknown alert {alert!r}")
+        probe_field = raw.get("probe")
+        in_flight = (values.get("running") or 0) + (values.get("waiting") or 0)
+        would_probe = status == "ok" and module == "backend" and in_flight == 0 and not values.get("asleep")
+        if probe_field is not None and not would_probe:
+            raise ScenarioError(f"{at}.probe: the exporter sends no probe here")
+        probe = None if not would_probe else (probe_field != "fail")
+        for _ in range(int(raw.get("repeat", 1))):
+            steps.append(Step(len(steps), status, dict(values), probe, expect, expect_promql,
+                              raw.get("why", ""), alerts))
+    checks = tuple((_seconds(c["at"]), tuple(c.get("alerts", ()))) for c in data.get("alert_checks", ()))
+    return Scenario(data["name"], data.get("description", ""), module, float(data.get("grace", 0)),
+                    tuple(steps), checks, path)
+
+
+def load_all() -> list[Scenario]:
+    scenarios = [load(path) for path in sorted(SCENARIO_DIR.glob("*.yaml"))]
+    if not scenarios:
+        raise ScenarioError(f"no scenarios in {SCENARIO_DIR}")
+    return scenarios
