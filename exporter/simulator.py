@@ -399,13 +399,13 @@ class _PageSource:
         http = self.http
         with http.lock:
             if fam.name == "http_requests":
-                return [dict(method=m, status=s, handler=h) for m, s, h in sorted(http.totals)]
+                return [dict(method=m, status=s, handler=h) for m, s, h in http.totals]  # first seen first
             if fam.name in ("http_request_size_bytes", "http_response_size_bytes"):
-                return [dict(handler=h) for h in sorted(http.in_size)]
+                return [dict(handler=h) for h in http.in_size]
             if fam.name == "http_request_duration_seconds":
                 if not fam.buckets:
                     fam.buckets = list(HTTP_LATENCY_BUCKETS)
-                return [dict(method=m, handler=h) for m, h in sorted(http.lowr)]
+                return [dict(method=m, handler=h) for m, h in http.lowr]
         return []
 
     def value(self, fam, labels):
@@ -466,7 +466,7 @@ class Simulator:
 
     def __init__(self, model: str = "tiny-llama", *, multiprocess: bool = False,
                  manual_clock: bool = False, clock: Clock | None = None,
-                 max_num_seqs: int = 8, max_model_len: int = 1024, step_seconds: float = 0.05,
+                 max_num_seqs: int = 8, max_model_len: int = 65536, step_seconds: float = 0.05,
                  prefill_tokens_per_second: float = 6000.0, chunk_tokens: int = 2048,
                  kv_capacity_tokens: int = 65536, host: str = "127.0.0.1"):
         if host not in ("127.0.0.1", "localhost", "::1"):
@@ -478,6 +478,8 @@ class Simulator:
         self.families = simulator_page.parse_template(
             simulator_template.MULTIPROCESS if multiprocess and simulator_template.MULTIPROCESS
             else simulator_template.SINGLE)
+        for fam in self.families:
+            fam.created = fam.created or (fam.dynamic and not multiprocess)
         self._bounds = {f.name: f.bounds for f in self.families if f.type == "histogram"}
         self._engine_args = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                  step_seconds=step_seconds,
@@ -509,6 +511,7 @@ class Simulator:
                       if f.name == "http_request_duration_highr_seconds"), [math.inf])
         self.http = _Http(highr)
         self.model_created = int(now)
+        self.fingerprint = f"vllm-{VLLM_VERSION}-{uuid.uuid4().hex[:8]}"
 
     @property
     def url(self) -> str:
@@ -717,7 +720,7 @@ class Simulator:
             "owned_by": "vllm", "root": self.model, "parent": None,
             "max_model_len": self.max_model_len,
             "permission": [{
-                "id": f"modelperm-{uuid.uuid4().hex[:32]}", "object": "model_permission",
+                "id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
                 "created": self.model_created, "allow_create_engine": False,
                 "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
                 "allow_view": True, "allow_fine_tuning": False, "organization": "*",
@@ -910,7 +913,8 @@ class _Handler(BaseHTTPRequestHandler):
         sim = self.simulator
         usage = {"prompt_tokens": req.prompt_tokens,
                  "total_tokens": req.prompt_tokens + req.generated,
-                 "completion_tokens": req.generated, "prompt_tokens_details": None}
+                 "completion_tokens": req.generated, "prompt_tokens_details": None,
+                 "completion_tokens_details": None}
         created = int(time.time())
         text = _words(req.generated)
         if chat:
@@ -918,19 +922,19 @@ class _Handler(BaseHTTPRequestHandler):
                 "role": "assistant", "content": text, "refusal": None, "annotations": None,
                 "audio": None, "function_call": None, "tool_calls": [], "reasoning": None},
                 "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None,
-                "token_ids": None}
-            return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "token_ids": None, "routed_experts": None}
+            return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion",
                     "created": created, "model": sim.model, "choices": [choice],
-                    "service_tier": None, "system_fingerprint": None, "usage": usage,
-                    "prompt_logprobs": None, "prompt_token_ids": None,
-                    "kv_transfer_params": None}
+                    "service_tier": None, "system_fingerprint": sim.fingerprint,
+                    "usage": usage, "prompt_logprobs": None, "prompt_token_ids": None,
+                    "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
         choice = {"index": 0, "text": text, "logprobs": None,
                   "finish_reason": req.finish_reason, "stop_reason": None, "token_ids": None,
-                  "prompt_logprobs": None, "prompt_token_ids": None}
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                  "prompt_logprobs": None, "prompt_token_ids": None, "routed_experts": None}
+        return {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion",
                 "created": created, "model": sim.model, "choices": [choice],
-                "service_tier": None, "system_fingerprint": None, "usage": usage,
-                "kv_transfer_params": None}
+                "service_tier": None, "system_fingerprint": sim.fingerprint, "usage": usage,
+                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
 
 # -- the command line ----------------------------------------------------------------------
