@@ -149,6 +149,10 @@ def promtool_test(scenario: Scenario, rule_files: list[Path], scale: float = 1.0
     return {
         "rule_files": [str(path) for path in rule_files],
         "evaluation_interval": _duration(EVAL_OFFSET * scale, retime),
+        # promtool otherwise evaluates the groups in random order; recording first mirrors
+        # the worst case being no worse than a real Prometheus, where the alert group may
+        # lag the recording group by up to one interval (counted in the latency budget).
+        "group_eval_order": ["hangwatch-recording", "hangwatch-alerts"],
         "tests": [{
             "name": scenario.name,
             "interval": _duration(SCRAPE_INTERVAL * scale, retime),
