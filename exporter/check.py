@@ -51,7 +51,7 @@ class CheckResult:
             "waiting": reading.waiting if reading else None,
             "probe_sent": self.probe_sent,
             "engine": latest.engine if latest else None,
-            "models": list(latest.models) if latest else [],
+            "models": list(latest.models) if latest else list(self.observations[-1].listed_models or ()),
             "module": self.module,
             "readings": len(self.observations),
             "exit_code": self.exit_code,

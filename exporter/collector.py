@@ -22,6 +22,7 @@ Sample output for a busy vLLM::
     hangwatch_kv_cache_usage_ratio 0.031
     hangwatch_process_start_time_seconds 1.7644e+09
     hangwatch_engine_asleep 0.0
+    hangwatch_model_served{model="tiny"} 1.0
     hangwatch_scrape_duration_seconds 0.0021
     hangwatch_backend_info{engine="vllm",models="tiny",module="backend",version="0.32.0"} 1.0
 """
@@ -89,12 +90,39 @@ def families_for(observation: Observation, module: str, duration: float):
         yield _gauge("hangwatch_probe_success", "1 if the idle 1-token probe answered (sent only at idle).",
                      1.0 if observation.probe.success else 0.0)
         yield _gauge("hangwatch_probe_duration_seconds", "How long the idle probe took.", observation.probe.duration)
+    yield from _model_families(observation)
     yield _gauge("hangwatch_scrape_duration_seconds", "How long reading this backend took.", duration)
     info = GaugeMetricFamily("hangwatch_backend_info", "What was found at the target.",
                              labels=["engine", "module", "models", "version"])
     info.add_metric([reading.engine if reading else "", module, ",".join(reading.models) if reading else "",
                      (reading.version or "") if reading else ""], 1.0)
     yield info
+
+
+def _model_families(observation: Observation):
+    """Which models a backend serves, and which a fleet's front lists as registered (one series each).
+
+    A FastChat controller lists model names only, so "a member dropped while it still serves"
+    is a join on ``model`` between the two (rules/hangwatch-fleet.yml).
+    """
+    if observation.reading is not None and observation.reading.models:
+        served = GaugeMetricFamily("hangwatch_model_served", "1 for each model the backend serves.",
+                                   labels=["model"])
+        for model in observation.reading.models:
+            served.add_metric([model], 1.0)
+        yield served
+    if observation.answered and observation.listed_models is not None:
+        registered = GaugeMetricFamily("hangwatch_fleet_models_registered",
+                                       "Models a fleet's controller lists as registered (a FastChat front).")
+        registered.add_metric([], float(len(observation.listed_models)))
+        yield registered
+        if observation.listed_models:
+            listed = GaugeMetricFamily("hangwatch_fleet_model_registered",
+                                       "1 for each model a fleet's controller lists as registered.",
+                                       labels=["model"])
+            for model in observation.listed_models:
+                listed.add_metric([model], 1.0)
+            yield listed
 
 
 def engine_version(session: requests.Session, target: str, engine: str, timeout: float) -> str | None:

@@ -125,8 +125,21 @@ TGI = EngineMetrics(
     progress=("steps", "finished"),
 )
 
+# A FastChat model worker has no /metrics page: exporter/fastchat.py reads its JSON
+# /worker_get_status (queue_length = running + waiting). It has no progress counter at all,
+# so a worker with work queued is "busy, unverified" and never hung on that basis. It is not
+# in ENGINES: no page is ever detected as FastChat, and no page is parsed as one.
+FASTCHAT = EngineMetrics(
+    name="fastchat",
+    marker="",
+    running=(),
+    waiting=(),
+    process_start=(),
+    progress=(),
+)
+
 ENGINES: tuple[EngineMetrics, ...] = (VLLM, LLAMACPP, SGLANG, TGI)
-ENGINES_BY_NAME = {engine.name: engine for engine in ENGINES}
+ENGINES_BY_NAME = {engine.name: engine for engine in (*ENGINES, FASTCHAT)}
 
 # The normalized counter fields (a Reading has one attribute per name).
 COUNTER_FIELDS = ("steps", "prompt_tokens", "generation_tokens", "prefix_cache_queries", "finished")

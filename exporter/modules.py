@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from . import fastchat
 from .observe import Observation, observe_backend, observe_proxy
 
 # An observer: (session, url, *, timeout, probe_timeout, engine, clock) -> Observation
@@ -23,11 +24,29 @@ def _backend(session, url, *, timeout, probe_timeout=None, engine=None, clock):
     return observe_backend(session, url, timeout=timeout, probe_timeout=probe_timeout, engine=engine, clock=clock)
 
 
-OBSERVERS: dict[str, Observer] = {"backend": _backend, "proxy": _proxy}
+def _fastchat_worker(session, url, *, timeout, probe_timeout=None, engine=None, clock):
+    return fastchat.observe_worker(session, url, timeout=timeout, probe_timeout=probe_timeout, clock=clock)
+
+
+def _fastchat_controller(session, url, *, timeout, probe_timeout=None, engine=None, clock):
+    return fastchat.observe_controller(session, url, timeout=timeout, clock=clock)
+
+
+def _fastchat_api(session, url, *, timeout, probe_timeout=None, engine=None, clock):
+    return fastchat.observe_api(session, url, timeout=timeout, clock=clock)
+
+
+OBSERVERS: dict[str, Observer] = {
+    "backend": _backend,
+    "proxy": _proxy,
+    "fastchat_worker": _fastchat_worker,
+    "fastchat_controller": _fastchat_controller,
+    "fastchat_api": _fastchat_api,
+}
 # Modules whose targets are never restarted (a proxy or controller down is for people).
-NEVER_RESTARTED = frozenset({"proxy"})
+NEVER_RESTARTED = frozenset({"proxy", "fastchat_controller", "fastchat_api"})
 # Modules that read a load reading (in flight, progress): they report metrics_available.
-READS_LOAD = frozenset({"backend"})
+READS_LOAD = frozenset({"backend", "fastchat_worker"})
 
 
 def observer_for(module: str) -> Observer:

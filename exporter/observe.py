@@ -27,6 +27,8 @@ class Observation:
     error: str = ""
     probe: ProbeResult | None = None
     scrape_seconds: float = 0.0
+    detail: str = ""                 # what a target without a load reading said (a controller)
+    listed_models: tuple[str, ...] | None = None  # models a fleet's front lists as registered
 
     @property
     def answered(self) -> bool:
@@ -37,6 +39,8 @@ class Observation:
         return {
             "status": self.status,
             "error": self.error,
+            "detail": self.detail,
+            "listed_models": None if self.listed_models is None else list(self.listed_models),
             "reading": self.reading.as_dict() if self.reading else None,
             "probe": None if self.probe is None else
             {"success": self.probe.success, "duration": self.probe.duration, "detail": self.probe.detail},

@@ -78,8 +78,8 @@ def judge(observations: Sequence[Observation], *, grace: float = 0.0) -> Verdict
         return Verdict(DOWN, f"{last.error} (once; hung if it repeats)", settled=False)
     if last.status == BLIND:
         return Verdict(BLIND, f"{last.error}; the server answers, but its load cannot be judged")
-    if last.reading is None:  # a proxy: answering is all we ask of it
-        return Verdict(IDLE, "answers /v1/models (a proxy: its backends are checked directly)")
+    if last.reading is None:  # a proxy or a FastChat front: answering is all we ask of it
+        return Verdict(IDLE, last.detail or "answers /v1/models (a proxy: its backends are checked directly)")
     return _judge_reading(observations, grace)
 
 
