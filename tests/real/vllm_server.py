@@ -112,7 +112,8 @@ class Page:
     text: str
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
-    at: float = 0.0
+    at: float = 0.0        # time.monotonic() when the request was sent
+    done_at: float = 0.0   # time.monotonic() when the whole page had arrived
 
     def value(self, name: str, **labels: str) -> float | None:
         """Sum of the samples of ``name`` whose labels include ``labels`` (None: no sample)."""
@@ -532,7 +533,9 @@ class VLLMServer:
 
     def metrics(self, timeout: float = 5) -> Page:
         at = time.monotonic()
-        return parse_prometheus(self.metrics_text(timeout), at)
+        page = parse_prometheus(self.metrics_text(timeout), at)
+        page.done_at = time.monotonic()
+        return page
 
     def tokenize(self, prompt: str) -> int:
         r = requests.post(f"{self.url}/tokenize", json={"model": MODEL_NAME, "prompt": prompt,
