@@ -148,12 +148,13 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
         time.sleep(min(interval * 2, max(0.1, deadline - time.monotonic())))
         if stack.prometheus:
             say.say("prometheus", prometheus_view(stack, window))
-            busy_alerts |= {a["labels"]["alertname"] for a in stack.alerts()
-                            if a["labels"].get("alertname", "").startswith("HangwatchBackend")}
+            # firing alerts, and a pending hang (a restart alert on its way)
+            busy_alerts |= {f"{a['labels']['alertname']} ({a['state']})" for a in stack.alerts()
+                            if a["state"] == "firing" or a["labels"].get("alertname") == HUNG}
     busy_probes = stack.sim_state()["inference_requests"] - before
     say.say("simulator", f"busy: received {busy_probes} inference requests from hangwatch (no probe while busy)")
     if stack.prometheus:
-        say.say("prometheus", f"alerts pending or firing during the busy phase: {', '.join(sorted(busy_alerts)) or 'none'}")
+        say.say("prometheus", f"alerts firing (or a hang pending) during the busy phase: {', '.join(sorted(busy_alerts)) or 'none'}")
     busy_decisions = say.webhook_decisions()
 
     # 3. hang -------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Start and stop the whole hangwatch chain as local processes on loopback, in a temp dir.
 
 The simulator, the exporter, Prometheus (with the shipped rules, retimed by
-``rules/retime.py`` to the demo's scrape interval), Alertmanager routed as in the shipped
-example (``action="restart"`` to the webhook, the rest to people) and the webhook in dry-run
-(``demo.nodocker``: the real app, the simulator standing in for Docker). Prometheus and
+``rules/retime.py`` to the demo's scrape interval), Alertmanager and the webhook in dry-run
+(``demo.nodocker``: the real app, the simulator standing in for Docker). Their configs are
+the shipped ``examples/`` with only addresses, paths and timings replaced (and a scrape job
+for the webhook's own metrics). Prometheus and
 Alertmanager are optional: ``Stack.prometheus`` / ``Stack.alertmanager`` are None when the
 binary is missing (``demo.run`` then plays their part in plain Python).
 
@@ -29,7 +30,8 @@ import requests
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-RULES = sorted((REPO / "rules").glob("*.yml"))
+RULES = (REPO / "rules" / "hangwatch-recording.yml", REPO / "rules" / "hangwatch-alerts.yml")
+EXAMPLES = REPO / "examples"
 TARGET = "vllm-sim"          # the `target` label and the webhook's target name
 CONTAINER = "vllm-sim"       # the `container` label: the stand-in container the webhook may restart
 
@@ -206,52 +208,60 @@ class Stack:
         if not self.keep:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    # -- configs (mirroring deploy/ and examples/, with loopback ports) --------------------
+    # -- configs: the shipped examples, with loopback ports and demo timings -----------------
     def webhook_config(self, token_file: Path) -> dict:
+        config = yaml.safe_load((EXAMPLES / "webhook.yml").read_text())
         interval = f"{self.recheck_interval:g}s"
-        return {"token_file": str(token_file), "state_dir": str(self.dir / "webhook-state"), "dry_run": True,
-                "alertnames": ["HangwatchBackendHung"], "recheck": {"interval": interval, "timeout": interval},
-                "cooldown": "15m", "budget": {"restarts": 3, "window": "1h"},
-                "targets": [{"name": TARGET, "container": CONTAINER, "url": self.simulator.url,
-                             "module": "backend", "stop_timeout": "10s"}]}
+        config.update({"token_file": str(token_file), "state_dir": str(self.dir / "webhook-state"), "dry_run": True,
+                       "recheck": {"interval": interval, "timeout": interval},
+                       "targets": [{"name": TARGET, "container": CONTAINER, "url": self.simulator.url,
+                                    "module": "backend", "stop_timeout": "10s"}]})
+        return config
 
     def alertmanager_config(self, token_file: Path) -> dict:
-        return {
-            "route": {"receiver": "people", "group_by": ["alertname", "target"],
-                      "group_wait": "1s", "group_interval": "5s", "repeat_interval": "1h",
-                      "routes": [{"matchers": ['action="restart"'], "receiver": "hangwatch-webhook",
-                                  "group_wait": "0s", "group_interval": "5s", "repeat_interval": "1m"}]},
-            "receivers": [
-                {"name": "people"},
-                {"name": "hangwatch-webhook", "webhook_configs": [{
-                    "url": self.webhook.url + "/alerts", "send_resolved": True, "max_alerts": 0,
-                    "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}}}]},
-            ],
-        }
+        config = yaml.safe_load((EXAMPLES / "alertmanager.yml").read_text())
+        config.pop("global", None)  # the example's mail relay: the demo sends no mail
+        config["route"].update({"group_wait": "1s", "group_interval": "5s"})
+        for route in config["route"].get("routes", []):
+            route.update({"group_wait": "0s", "group_interval": "5s"})
+        for receiver in config["receivers"]:
+            if receiver["name"] == "hangwatch-webhook":
+                hook = receiver["webhook_configs"][0]
+                hook["url"] = self.webhook.url + "/alerts"
+                hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+            else:  # people: nobody to mail in a demo (the demo prints what Alertmanager holds)
+                for key in [k for k in receiver if k.endswith("_configs")]:
+                    receiver.pop(key)
+        return config
 
     def prometheus_config(self, rules_dir: Path) -> dict:
+        config = yaml.safe_load((EXAMPLES / "prometheus.yml").read_text())
         interval = f"{self.scrape_interval:g}s"
         exporter_address = self.exporter.url.removeprefix("http://")
-        config = {
-            "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
-            "rule_files": [str(rules_dir / "*.yml")],
-            "scrape_configs": [
-                {"job_name": "hangwatch", "metrics_path": "/probe", "params": {"module": ["backend"]},
-                 "static_configs": [{"targets": [self.simulator.url],
-                                     "labels": {"target": TARGET, "container": CONTAINER}}],
-                 "relabel_configs": [
-                     {"source_labels": ["__address__"], "target_label": "__param_target"},
-                     {"source_labels": ["__param_target"], "target_label": "instance"},
-                     {"target_label": "__address__", "replacement": exporter_address}]},
-                {"job_name": "hangwatch_exporter",
-                 "static_configs": [{"targets": [exporter_address]}]},
-                {"job_name": "hangwatch_webhook",
-                 "static_configs": [{"targets": [self.webhook.url.removeprefix("http://")]}]},
-            ],
-        }
+        webhook_address = self.webhook.url.removeprefix("http://")
+        config["global"].update({"scrape_interval": interval, "evaluation_interval": interval})
+        config["rule_files"] = [str(rules_dir / "*.yml")]
         if self.alertmanager:
             config["alerting"] = {"alertmanagers": [{"static_configs": [
                 {"targets": [self.alertmanager.url.removeprefix("http://")]}]}]}
+        else:
+            config.pop("alerting", None)
+        jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+        # The webhook's self-metrics (decisions, restarts: the dashboard's annotations).
+        jobs.setdefault("hangwatch_webhook", {"job_name": "hangwatch_webhook"})
+        for name, job in jobs.items():
+            job["scrape_interval"] = job["scrape_timeout"] = interval
+            if name == "hangwatch":
+                job["static_configs"] = [{"targets": [self.simulator.url],
+                                          "labels": {"target": TARGET, "container": CONTAINER}}]
+                for relabel in job["relabel_configs"]:
+                    if relabel.get("target_label") == "__address__":
+                        relabel["replacement"] = exporter_address
+            elif name == "hangwatch_webhook":
+                job["static_configs"] = [{"targets": [webhook_address]}]
+            else:
+                job["static_configs"] = [{"targets": [exporter_address]}]
+        config["scrape_configs"] = list(jobs.values())
         return config
 
     # -- reading the parts ------------------------------------------------------------------

@@ -1,0 +1,146 @@
+"""Every query of the Grafana dashboard, evaluated on a real Prometheus holding real series.
+
+The whole chain runs (``demo.stack``: the simulator, the exporter, Prometheus with the shipped
+rules retimed to a 2 s scrape, Alertmanager with the example routes, and the real webhook in
+dry-run, which Prometheus scrapes too). It goes through idle, busy, a hang that the webhook
+decides to restart, and an alert that arrives after the backend recovered (a skipped
+restart). Then each panel query and each annotation query is evaluated over the run, with
+the dashboard's template variables substituted as Grafana would, and each must return data.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import requests
+
+from demo.stack import CONTAINER, TARGET, Stack, wait_until
+from tests.support.require import require_binary
+
+pytestmark = pytest.mark.real
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARDS = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
+SCRAPE = 2.0
+HUNG = "HangwatchBackendHung"
+
+
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    """Grafana's template substitution for ``$name`` and ``${name}``."""
+    def value(match):
+        name = match.group(1) or match.group(2)
+        assert name in variables, f"no value for ${name} in {expr}"
+        return variables[name]
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)
+
+
+def dashboard_queries(dashboard: dict) -> list[tuple[str, str]]:
+    found = []
+    for panel in dashboard["panels"]:
+        for inner in [panel, *panel.get("panels", [])]:
+            for target in inner.get("targets", []):
+                found.append((f"panel {inner['id']} {inner['title']!r} {target['refId']}", target["expr"]))
+    for annotation in dashboard["annotations"]["list"]:
+        if "expr" in annotation.get("target", {}):
+            found.append((f"annotation {annotation['name']!r}", annotation["target"]["expr"]))
+    return found
+
+
+def variables_for(dashboard: dict) -> dict[str, str]:
+    """Each variable's "All" value (the default view), plus Grafana's built-in intervals."""
+    values = {}
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "datasource":
+            values[variable["name"]] = variable["current"]["value"]
+        else:
+            assert variable.get("includeAll") and variable.get("allValue"), variable["name"]
+            values[variable["name"]] = variable["allValue"]
+    # $__rate_interval: max($__interval + scrape interval, 4 x scrape interval) with timeInterval = the scrape.
+    values.update(__rate_interval=f"{4 * SCRAPE:g}s", __interval=f"{SCRAPE:g}s", __range="5m")
+    return values
+
+
+def alert_payload(starts_at: str) -> dict:
+    labels = {"alertname": HUNG, "severity": "critical", "action": "restart", "target": TARGET, "container": CONTAINER}
+    return {"version": "4", "status": "firing", "receiver": "hangwatch-webhook", "groupKey": "e2e",
+            "groupLabels": {}, "commonLabels": labels, "commonAnnotations": {}, "externalURL": "",
+            "truncatedAlerts": 0, "alerts": [{"status": "firing", "labels": labels, "annotations": {},
+                                              "startsAt": starts_at, "endsAt": "0001-01-01T00:00:00Z"}]}
+
+
+@pytest.fixture(scope="module")
+def run():
+    """The chain after idle, busy, a hang (restart decided, dry-run) and a late alert (skipped)."""
+    require_binary("prometheus")
+    require_binary("prometheus-alertmanager")
+    with Stack(scrape_interval=SCRAPE, recheck_interval=1.0) as stack:
+        start = time.time()
+        try:
+            wait_until(lambda: stack.query('target:hangwatch_backend_state:current{state="idle"} == 1'),
+                       30, "the idle state")
+            wait_until(lambda: stack.query("hangwatch_probe_duration_seconds"), 20, "an idle probe reading")
+            stack.drive("busy", n=3)
+            wait_until(lambda: stack.query('target:hangwatch_backend_state:current{state="busy"} == 1'),
+                       30, "the busy state")
+            time.sleep(3 * SCRAPE)
+            stack.drive("frozen")
+            wait_until(lambda: stack.webhook_metric("hangwatch_webhook_decisions_total", action="restart"),
+                       90, "the webhook's restart decision")
+            # The backend recovers; an alert about it arrives late: the webhook re-checks and skips.
+            stack.drive("busy", n=2)
+            now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+            response = requests.post(stack.webhook.url + "/alerts", json=alert_payload(now), timeout=5,
+                                     headers={"Authorization": f"Bearer {stack.token}"})
+            assert response.status_code == 200, response.text
+            wait_until(lambda: stack.query('hangwatch_webhook_decisions_total{action="skip"}'),
+                       30, "Prometheus to scrape the webhook's skip decision")
+            time.sleep(2 * SCRAPE)
+        except BaseException:
+            print("\n".join(f"--- {p.name}\n{p.log_tail(40)}" for p in stack.parts))
+            raise
+        yield stack, start, time.time()
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.name for p in DASHBOARDS])
+def test_every_dashboard_query_returns_data_on_real_series(run, path):
+    stack, start, end = run
+    dashboard = json.loads(path.read_text())
+    variables = variables_for(dashboard)
+    empty, failed = [], []
+    for where, expr in dashboard_queries(dashboard):
+        promql = substitute(expr, variables)
+        try:
+            result = stack.query_range(promql, start, end, SCRAPE)
+        except ValueError as exc:
+            failed.append(f"{where}: {exc}")
+            continue
+        if not any(series["values"] for series in result):
+            empty.append(f"{where}: {promql}")
+    assert not failed, "queries Prometheus rejected:\n" + "\n".join(failed)
+    assert not empty, "queries that returned no data:\n" + "\n".join(empty)
+
+
+def test_the_state_timeline_shows_idle_busy_and_hung(run):
+    stack, start, end = run
+    dashboard = json.loads(DASHBOARDS[0].read_text())
+    panel = next(p for p in dashboard["panels"] if p["type"] == "state-timeline" and "state" in p["title"].lower())
+    mappings = {text["text"]: float(value) for m in panel["fieldConfig"]["defaults"]["mappings"]
+                for value, text in m["options"].items()}
+    result = stack.query_range(substitute(panel["targets"][0]["expr"], variables_for(dashboard)), start, end, SCRAPE)
+    assert [series["metric"] for series in result] == [{"target": TARGET}]
+    seen = {float(v) for _, v in result[0]["values"]}
+    assert {mappings["idle"], mappings["busy"], mappings["hung"]} <= seen, seen
+
+
+def test_the_restart_annotation_marks_the_dry_run_decision(run):
+    stack, start, end = run
+    dashboard = json.loads(DASHBOARDS[0].read_text())
+    annotations = {a["name"]: a for a in dashboard["annotations"]["list"]}
+    restart = stack.query_range(annotations["hangwatch restart"]["target"]["expr"], start, end, SCRAPE)
+    assert {s["metric"].get("reason") for s in restart} == {"hung"}
+    skipped = stack.query_range(annotations["hangwatch skipped restart"]["target"]["expr"], start, end, SCRAPE)
+    assert {s["metric"].get("reason") for s in skipped} == {"recheck_busy"}
