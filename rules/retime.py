@@ -2,8 +2,8 @@
 """Rewrite the hangwatch rule files for another scrape interval: one documented substitution.
 
 The shipped rules assume a 15 s scrape interval. Every duration they write in seconds
-(``[45s]`` = three scrapes, ``[30s]`` = two, ``interval: 5s`` and the hang alert's
-``for: 5s``) is a multiple of the scrape interval and is scaled by ``new / 15s``; durations
+(``[45s]`` = three scrapes, ``[30s]`` = two, ``interval: 3s`` and the hang alert's
+``for: 3s``) is a multiple of the scrape interval and is scaled by ``new / 15s``; durations
 written in minutes are wall-clock (weights load for minutes whatever the scrape interval)
 and are kept, unless ``--all`` is given (the end-to-end tests shrink everything).
 Only range selectors, ``for:`` and ``interval:`` are rewritten; comments are left alone.

@@ -21,12 +21,13 @@ Step fields (see tests/scenarios/README.md for the full format):
 - ``repeat``: the step repeated N times.
 
 Time mapping: step i is the reading scraped at ``i * 15 s``; the PromQL state and alerts
-for step i are checked at ``i * 15 s + 5 s`` (one rule evaluation interval later), when
+for step i are checked at ``i * 15 s + 3 s`` (one rule evaluation interval later), when
 the rules see exactly that reading and the ones before it. ``alert_checks`` add checks at
 other instants (the ``for:`` boundaries), in seconds from step 0.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,9 @@ SCENARIO_DIR = ROOT / "tests" / "scenarios"
 RULE_FILES = (ROOT / "rules" / "hangwatch-recording.yml", ROOT / "rules" / "hangwatch-alerts.yml")
 
 SCRAPE_INTERVAL = 15   # seconds: the interval the shipped rules assume (rules/retime.py)
-EVAL_OFFSET = 5        # seconds after a scrape at which its step is checked (the group interval)
+# Seconds after a scrape at which its step is checked: one rule evaluation interval, read
+# from the shipped recording rules (their group `interval:`).
+EVAL_OFFSET = int(re.search(r"^\s*interval:\s*(\d+)s\s*$", RULE_FILES[0].read_text(), re.M).group(1))
 
 STATES = ("idle", "busy", "hung", "restarted", "blind", "down")
 STATUSES = ("ok", "blind", "refused", "timeout", "gap", "absent")

@@ -84,7 +84,7 @@ def test_retime_scales_seconds_and_keeps_minutes():
     fast = retime.retime_text(text, 3.0)
     assert "[45s]" in text and "[9s]" in fast and "[45s]" not in fast
     assert "[30s]" in text and "[6s]" in fast
-    assert "interval: 1s" in fast and "for: 1s" in fast
+    assert "interval: 600ms" in fast and "for: 600ms" in fast
     assert "for: 10m" in fast and "[10m]" in fast          # wall-clock: kept
     assert "for: 2m" in retime.retime_text(text, 3.0, all_durations=True)
     assert retime.retime_text(text, 15.0) == text            # the shipped files are the 15 s ones
