@@ -9,6 +9,7 @@ Everything listens on 127.0.0.1 only. Everything started here is stopped by :met
 """
 from __future__ import annotations
 
+import ctypes
 import glob
 import json
 import os
@@ -396,7 +397,8 @@ class VLLMServer:
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(self.argv(), env=self.env(), cwd=self.workdir,
                                      stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         self.pids_seen.add(self.proc.pid)
         try:
             self.wait_ready(deadline_s)
@@ -590,6 +592,21 @@ class VLLMServer:
             lambda p: not p.value("vllm:num_requests_running")
             and not p.value("vllm:num_requests_waiting"),
             deadline_s, what="idle (nothing running or waiting)")
+
+
+try:  # loaded here, not in the forked child (no imports between fork and exec)
+    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies (even by SIGKILL), so a
+    killed test run leaves no vLLM behind (its EngineCore exits with the API server).
+    Linux sends it when the *thread* that started the server ends: start servers from a
+    thread that lives as long as they should (pytest fixtures and capture.py: the main one)."""
+    if _prctl is not None:
+        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _exists(pid: int) -> bool:
