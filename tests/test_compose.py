@@ -1,0 +1,230 @@
+"""The compose stack: valid for docker-compose, safe by construction, and in step with the
+examples, the rules, the webhook's config and the dashboard.
+
+The images cannot be pulled here, so the stack itself is not started: docker-compose
+validates the file (``config -q``), promtool and amtool validate the Prometheus and
+Alertmanager configs, and hangwatch's own loaders validate the exporter and webhook configs.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.config import load_exporter_config
+from tests.support.require import require_binary
+from webhook.config import load_config as load_webhook_config
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+PROFILES = ([], ["--profile", "gpu"], ["--profile", "sim"])
+
+
+def compose() -> dict:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+def services() -> dict:
+    return compose()["services"]
+
+
+def resolved(profile: list[str]) -> dict:
+    """The file as docker-compose resolves it (anchors merged, profile applied)."""
+    docker_compose = require_binary("docker-compose")
+    done = subprocess.run([docker_compose, "-f", str(REPO / "docker-compose.yml"), *profile, "config"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
+
+
+# -- docker-compose accepts it -----------------------------------------------------------------
+@pytest.mark.parametrize("profile", PROFILES, ids=["default", "gpu", "sim"])
+def test_docker_compose_config_is_valid(profile):
+    docker_compose = require_binary("docker-compose")
+    done = subprocess.run([docker_compose, "-f", str(REPO / "docker-compose.yml"), *profile, "config", "-q"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+
+
+def active(profile: str) -> dict:
+    """The services ``docker compose --profile PROFILE up`` starts (docker-compose 1.29's
+    ``config`` lists every service whatever the profile, so profiles are applied here)."""
+    return {name: s for name, s in resolved(["--profile", profile])["services"].items()
+            if not s.get("profiles") or profile in s["profiles"]}
+
+
+def test_the_sim_profile_swaps_vllm_for_the_simulator_under_the_same_names():
+    gpu, sim = active("gpu"), active("sim")
+    assert "vllm" in gpu and "vllm-sim" not in gpu
+    assert "vllm-sim" in sim and "vllm" not in sim
+    for service in (gpu["vllm"], sim["vllm-sim"]):
+        assert service["container_name"] == "hangwatch-vllm"
+        assert service["networks"]["hangwatch"]["aliases"] == ["vllm"]
+    assert gpu["vllm"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert gpu["vllm"]["image"].startswith("vllm/vllm-openai:")
+    common = {"exporter", "prometheus", "alertmanager", "webhook", "grafana"}
+    assert set(gpu) == common | {"vllm"} and set(sim) == common | {"vllm-sim"}
+
+
+# -- safety ------------------------------------------------------------------------------------
+def test_only_the_webhook_gets_the_docker_socket():
+    for name, service in services().items():
+        mounts = " ".join(str(v) for v in service.get("volumes", []))
+        assert ("docker.sock" in mounts) == (name == "webhook"), name
+        assert not service.get("privileged"), name
+
+
+def test_the_token_comes_from_a_file_never_from_the_compose_file():
+    data = compose()
+    assert data["secrets"]["hangwatch-token"] == {"file": "./deploy/secrets/hangwatch-token"}
+    for name, service in services().items():
+        environment = json.dumps(service.get("environment", {})).lower()
+        assert "token" not in environment or name == "vllm", f"{name}: a token in the environment"
+    assert services()["webhook"]["secrets"] == ["hangwatch-token"]
+    assert services()["alertmanager"]["secrets"] == ["hangwatch-token"]
+    assert load_webhook_config(str(DEPLOY / "webhook.yml")).token_file == "/run/secrets/hangwatch-token"
+    alertmanager = yaml.safe_load((DEPLOY / "alertmanager.yml").read_text())
+    hook = next(r for r in alertmanager["receivers"] if r["name"] == "hangwatch-webhook")["webhook_configs"][0]
+    assert hook["http_config"]["authorization"] == {"type": "Bearer", "credentials_file": "/run/secrets/hangwatch-token"}
+    ignored = (DEPLOY / "secrets" / ".gitignore").read_text().split()
+    assert "*" in ignored
+
+
+def test_exporter_and_webhook_are_reachable_on_the_compose_network_only():
+    for name in ("exporter", "webhook"):
+        assert "ports" not in services()[name], name
+    for name, service in services().items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+    exporter = load_exporter_config(str(DEPLOY / "exporter.yml"))
+    assert exporter.allow_targets == ("http://vllm:8000",), "the exporter must not read arbitrary URLs"
+
+
+def test_every_service_has_a_healthcheck_that_sends_no_inference_request():
+    for name, service in services().items():
+        check = service.get("healthcheck")
+        assert check, f"{name}: no healthcheck"
+        if check.get("disable"):
+            assert name == "vllm", f"{name}: only vLLM may go without one (hangwatch judges it)"
+            continue
+        test = " ".join(check["test"])
+        assert not re.search(r"/v1/(chat/)?completions|/generate", test), f"{name}: {test}"
+        assert "hangwatch check" in test or re.search(r"/metrics|/-/ready|/healthz|/api/health", test), test
+
+
+def test_restart_policies_act_on_a_dead_process_only():
+    for name, service in resolved(["--profile", "gpu", "--profile", "sim"])["services"].items():
+        assert service.get("restart") in ("unless-stopped", "on-failure", "always"), name
+        labels = json.dumps(service.get("labels", {}))
+        assert "autoheal" not in labels and "autoheal" not in service.get("image", ""), name
+
+
+def test_names_agree_across_compose_prometheus_and_webhook():
+    prometheus = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "hangwatch")
+    labels = job["static_configs"][0]["labels"]
+    (target,) = load_webhook_config(str(DEPLOY / "webhook.yml")).targets
+    assert labels == {"target": target.name, "container": target.container}
+    assert services()["vllm"]["container_name"] == target.container
+    assert job["static_configs"][0]["targets"] == [target.url]
+    grace = services()["vllm"]["stop_grace_period"]
+    assert float(grace.rstrip("s")) == target.stop_timeout
+
+
+# -- the configs, checked by their own tools and kept in step with the examples -----------------
+def _expected_rule_files() -> list[str]:
+    return [f"/etc/prometheus/rules/{Path(p).name}"
+            for p in yaml.safe_load((REPO / "examples" / "prometheus.yml").read_text())["rule_files"]]
+
+
+def test_prometheus_config_is_valid_and_loads_the_shipped_rules(tmp_path):
+    promtool = require_binary("promtool")
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    assert config["rule_files"] == _expected_rule_files()
+    mounts = services()["prometheus"]["volumes"]
+    assert "./rules:/etc/prometheus/rules:ro" in mounts
+    for rule_file in config["rule_files"]:
+        assert (REPO / "rules" / Path(rule_file).name).is_file(), rule_file
+    config["rule_files"] = [str(REPO / "rules" / Path(p).name) for p in config["rule_files"]]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    done = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_prometheus_config_is_the_example_with_service_names():
+    ours = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    example = yaml.safe_load((REPO / "examples" / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in ours["scrape_configs"]}
+    for job in example["scrape_configs"]:
+        mine = jobs[job["job_name"]]
+        for key in set(job) - {"static_configs", "relabel_configs"}:
+            assert mine.get(key) == job[key], f"{job['job_name']}.{key}"
+        strip = [{k: v for k, v in r.items() if k != "replacement"} for r in job.get("relabel_configs", [])]
+        assert strip == [{k: v for k, v in r.items() if k != "replacement"} for r in mine.get("relabel_configs", [])]
+    assert ours["global"] == example["global"]
+    assert jobs["hangwatch_webhook"]["static_configs"] == [{"targets": ["webhook:9878"]}]
+
+
+def test_alertmanager_config_is_valid_and_routes_as_the_example():
+    amtool = require_binary("amtool")
+    done = subprocess.run([amtool, "check-config", str(DEPLOY / "alertmanager.yml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ours = yaml.safe_load((DEPLOY / "alertmanager.yml").read_text())
+    example = yaml.safe_load((REPO / "examples" / "alertmanager.yml").read_text())
+    assert ours["route"] == example["route"]
+    theirs = {r["name"]: r for r in example["receivers"]}
+    mine = {r["name"]: r for r in ours["receivers"]}
+    assert set(mine) == set(theirs)
+    hook, example_hook = (r["hangwatch-webhook"]["webhook_configs"][0] for r in (mine, theirs))
+    assert hook["url"] == "http://webhook:9878/alerts"
+    assert {k: v for k, v in hook.items() if k not in ("url", "http_config")} == \
+        {k: v for k, v in example_hook.items() if k not in ("url", "http_config")}
+
+
+def test_alertmanager_routes_the_restart_alert_to_the_webhook_and_the_rest_to_people():
+    amtool = require_binary("amtool")
+
+    def receiver(*labels):
+        done = subprocess.run([amtool, "config", "routes", "test", f"--config.file={DEPLOY / 'alertmanager.yml'}",
+                               *labels], capture_output=True, text=True, timeout=60)
+        return done.stdout.strip()
+
+    assert receiver("alertname=HangwatchBackendHung", "action=restart", "severity=critical",
+                    "target=vllm", "container=hangwatch-vllm") == "hangwatch-webhook"
+    assert receiver("alertname=HangwatchBackendDown", "severity=warning", "target=vllm") == "people"
+
+
+def test_webhook_and_exporter_configs_load_with_hangwatchs_own_loaders():
+    config = load_webhook_config(str(DEPLOY / "webhook.yml"))
+    assert not config.dry_run and config.alertnames == ("HangwatchBackendHung",)
+    load_exporter_config(str(DEPLOY / "exporter.yml"))
+
+
+def test_the_mounted_files_exist():
+    for name, service in resolved(["--profile", "gpu", "--profile", "sim"])["services"].items():
+        for volume in service.get("volumes", []):
+            source = str(volume).split(":")[0]
+            if source.startswith(str(REPO)):
+                assert Path(source).exists(), f"{name}: {source}"
+
+
+def test_grafana_runs_the_version_the_dashboard_is_checked_against():
+    pinned = json.loads((REPO / "grafana" / "check" / "package.json").read_text())["devDependencies"]["@grafana/schema"]
+    image = services()["grafana"]["image"]
+    assert image == f"grafana/grafana:{pinned}", (image, pinned)
+
+
+def test_the_image_holds_the_packages_the_services_run():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    packages = re.search(r"packages\s*=\s*\[([^\]]*)\]", (REPO / "pyproject.toml").read_text()).group(1)
+    for package in re.findall(r'"(\w+)"', packages):
+        assert f"COPY {package} ./{package}" in dockerfile, package
+        assert f"!{package}/" in (REPO / ".dockerignore").read_text(), package
+    assert re.search(r"^USER \d+", dockerfile, re.M), "the image runs unprivileged by default"
+    assert services()["webhook"]["user"] == "0:0"  # the one exception: the Docker socket

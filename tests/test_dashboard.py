@@ -1,0 +1,207 @@
+"""The Grafana dashboard and its provisioning: Grafana's own schema, unique uids, queries that
+name real series.
+
+The schema check is Grafana's types (npm ``@grafana/schema``) and ``tsc``: ``grafana/check``
+writes the dashboard as a TypeScript literal that must satisfy ``Dashboard`` exactly (enum
+values, no unknown keys) and each panel's options its panel plugin's ``Options``. That every
+query returns data on a real Prometheus is ``tests/e2e/test_dashboard_queries.py``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.require import require, require_binary
+
+REPO = Path(__file__).resolve().parents[1]
+GRAFANA = REPO / "grafana"
+CHECK = GRAFANA / "check"
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+DATASOURCES = GRAFANA / "provisioning" / "datasources" / "hangwatch.yml"
+PROVIDERS = GRAFANA / "provisioning" / "dashboards" / "hangwatch.yml"
+RECORDING_RULES = REPO / "rules" / "hangwatch-recording.yml"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def panels(dashboard: dict) -> list[dict]:
+    out = []
+    for panel in dashboard.get("panels", []):
+        out.append(panel)
+        out.extend(panel.get("panels", []))
+    return out
+
+
+def queries(dashboard: dict) -> list[tuple[str, str]]:
+    """(where, PromQL) for every panel target and every Prometheus annotation."""
+    found = [(f"panel {p['id']} {p['title']!r} {t['refId']}", t["expr"])
+             for p in panels(dashboard) for t in p.get("targets", [])]
+    found += [(f"annotation {a['name']!r}", a["target"]["expr"])
+              for a in dashboard["annotations"]["list"] if "expr" in a.get("target", {})]
+    return found
+
+
+# -- Grafana's schema, through tsc ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def npm_check():
+    """grafana/check with its pinned packages installed (``npm ci``, as CI does)."""
+    npm = require_binary("npm")
+    require_binary("node")
+    if not (CHECK / "node_modules" / "@grafana" / "schema").is_dir():
+        done = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--prefix", str(CHECK)],
+                              capture_output=True, text=True, timeout=600)
+        require(done.returncode == 0, f"npm ci in grafana/check: {done.stderr[-2000:]}")
+    return npm
+
+
+def run_check(npm: str, dashboards: Path | None = None) -> subprocess.CompletedProcess:
+    if dashboards is None:
+        return subprocess.run([npm, "run", "-s", "check"], cwd=CHECK, capture_output=True, text=True, timeout=300)
+    out = CHECK / ".broken"  # inside grafana/check so @grafana/schema resolves; removed afterwards
+    try:
+        subprocess.run(["node", "gen.mjs", str(dashboards), str(out)], cwd=CHECK, check=True, timeout=60)
+        (out / "tsconfig.json").write_text(json.dumps({"extends": "../tsconfig.json", "include": ["*.ts"]}))
+        return subprocess.run(["node", "node_modules/typescript/bin/tsc", "--noEmit", "-p", str(out)],
+                              cwd=CHECK, capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_dashboards_satisfy_grafanas_own_schema(npm_check):
+    done = run_check(npm_check)
+    assert done.returncode == 0, f"tsc against @grafana/schema failed:\n{done.stdout}{done.stderr}"
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    (lambda d: panels(d)[2]["fieldConfig"]["defaults"]["custom"].update(fillOpactiy=10), "fillOpactiy"),
+    (lambda d: panels(d)[1]["options"].update(showValue="sometimes"), '"sometimes"'),
+    (lambda d: d.update(refreshEvery="10s"), "refreshEvery"),
+    (lambda d: panels(d)[2]["targets"][0].update(exprr="up"), "exprr"),
+])
+def test_schema_check_rejects_a_broken_dashboard(npm_check, tmp_path, mistake, expected):
+    dashboard = copy.deepcopy(load(DASHBOARDS[0]))
+    mistake(dashboard)
+    (tmp_path / "broken.json").write_text(json.dumps(dashboard))
+    done = run_check(npm_check, tmp_path)
+    assert done.returncode != 0 and expected in done.stdout, done.stdout + done.stderr
+
+
+# -- uids, ids, units, data sources -----------------------------------------------------------
+def test_there_is_a_dashboard_and_its_uids_are_fixed_and_unique():
+    assert DASHBOARDS, "no dashboard in grafana/dashboards"
+    uids = [load(p).get("uid") for p in DASHBOARDS]
+    assert all(uid and re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", uid) for uid in uids), uids
+    assert len(set(uids)) == len(uids), f"duplicate dashboard uids: {uids}"
+    titles = [load(p)["title"] for p in DASHBOARDS]
+    assert len(set(titles)) == len(titles)
+
+
+def test_datasource_uids_are_fixed_unique_and_what_the_dashboards_default_to():
+    datasources = yaml.safe_load(DATASOURCES.read_text())["datasources"]
+    uids = [d.get("uid") for d in datasources]
+    assert all(uids) and len(set(uids)) == len(uids), uids
+    prometheus = [d for d in datasources if d["type"] == "prometheus"]
+    assert len(prometheus) == 1
+    for path in DASHBOARDS:
+        variables = {v["name"]: v for v in load(path)["templating"]["list"]}
+        assert variables["datasource"]["current"]["value"] == prometheus[0]["uid"], path.name
+
+
+def test_every_query_goes_through_the_datasource_variable():
+    for path in DASHBOARDS:
+        dashboard = load(path)
+        for panel in panels(dashboard):
+            refs = [panel.get("datasource")] + [t.get("datasource") for t in panel.get("targets", [])]
+            if panel["type"] != "row":
+                assert all(r == {"type": "prometheus", "uid": "${datasource}"} for r in refs), panel["title"]
+        for annotation in dashboard["annotations"]["list"]:
+            if annotation.get("builtIn"):
+                continue
+            assert annotation["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, annotation["name"]
+
+
+def test_panel_ids_and_query_ref_ids_are_unique():
+    for path in DASHBOARDS:
+        ids = [p["id"] for p in panels(load(path))]
+        assert len(set(ids)) == len(ids), f"{path.name}: duplicate panel ids {ids}"
+        for panel in panels(load(path)):
+            refs = [t["refId"] for t in panel.get("targets", [])]
+            assert len(set(refs)) == len(refs), panel["title"]
+
+
+def test_every_panel_sets_a_unit():
+    for path in DASHBOARDS:
+        for panel in panels(load(path)):
+            if panel["type"] != "row":
+                assert panel["fieldConfig"]["defaults"].get("unit"), f"{panel['title']}: no unit"
+
+
+def test_panels_do_not_overlap():
+    for path in DASHBOARDS:
+        taken: dict[tuple[int, int], str] = {}
+        for panel in panels(load(path)):
+            g = panel["gridPos"]
+            assert 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in taken, f"{panel['title']!r} overlaps {taken[(x, y)]!r}"
+                    taken[(x, y)] = panel["title"]
+
+
+# -- the queries name series that exist --------------------------------------------------------
+def known_series() -> set[str]:
+    """Series the exporter and the webhook define, and the recording rules' records."""
+    names: set[str] = set()
+    for source in [*(REPO / "exporter").glob("*.py"), *(REPO / "webhook").glob("*.py")]:
+        for name in re.findall(r"[\"'](hangwatch_[a-z_]+)[\"']", source.read_text()):
+            names.add(name)
+            names.add(name + "_total")  # counters: prometheus_client appends _total
+    names |= set(re.findall(r"record:\s*(\S+)", RECORDING_RULES.read_text()))
+    return names | {"ALERTS", "up"}
+
+
+def test_every_series_a_query_names_exists():
+    known = known_series()
+    functions = {"max", "min", "sum", "rate", "increase", "by", "without", "or", "and", "unless", "offset",
+                 "count", "avg", "label_values", "on", "ignoring", "group_left", "group_right"}
+    for path in DASHBOARDS:
+        for where, expr in queries(load(path)):
+            stripped = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\"[^\"]*\"|offset\s+\w+|\b\d\w*", " ", expr)
+            for name in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", stripped):
+                if name in functions or name.startswith("__"):
+                    continue
+                assert name in known or name in ("alertname", "target", "kind", "action", "reason", "state"), \
+                    f"{path.name} {where}: {name} is no series the exporter, webhook or rules define"
+
+
+def test_the_state_panel_reads_the_recording_rule_the_alerts_read():
+    alerts = (REPO / "rules" / "hangwatch-alerts.yml").read_text()
+    assert "target:hangwatch_backend_state:current" in alerts
+    for path in DASHBOARDS:
+        state = [p for p in panels(load(path)) if p["type"] == "state-timeline" and "state" in p["title"].lower()]
+        assert state, f"{path.name}: no state timeline"
+        for panel in state:
+            expr = panel["targets"][0]["expr"]
+            assert "target:hangwatch_backend_state:current" in expr
+            states = set(re.findall(r'state="(\w+)"', expr))
+            assert states == {"idle", "busy", "hung", "restarted", "blind", "down"}, states
+            mapped = {v["text"] for m in panel["fieldConfig"]["defaults"]["mappings"] for v in m["options"].values()}
+            assert mapped == states
+
+
+def test_provisioning_points_at_the_mounted_dashboards():
+    provider = yaml.safe_load(PROVIDERS.read_text())["providers"][0]
+    assert provider["type"] == "file"
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    mounts = compose["services"]["grafana"]["volumes"]
+    assert any(m.startswith("./grafana/dashboards:") and m.split(":")[1] == provider["options"]["path"]
+               for m in mounts), mounts
