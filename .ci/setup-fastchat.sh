@@ -23,6 +23,8 @@ PYTHON="${PYTHON:-python3}"
 PINS=(torch==2.13.0 "fschat[model_worker]==0.2.36" transformers==4.57.6 "pydantic==1.10.*" fastapi==0.110.3)
 
 log() { echo "setup-fastchat: $*"; }
+# pip warns once per package that the local simple indexes lack it: noise, dropped.
+quiet_pip() { nice -n 10 "$VENV/bin/pip" "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
 
 venv_ok() {
     [ -x "$VENV/bin/python" ] || return 1
@@ -56,11 +58,11 @@ else
     start=$(date +%s)
     # torch first, so fschat's dependencies settle on the CPU wheel already on disk.
     log "pip install ${PINS[0]}"
-    nice -n 10 "$VENV/bin/pip" install "${pip_args[@]}" "${PINS[0]}"
+    quiet_pip install "${pip_args[@]}" "${PINS[0]}"
     log "pip install ${PINS[1]}"
-    nice -n 10 "$VENV/bin/pip" install "${pip_args[@]}" "${PINS[0]}" "${PINS[1]}"
+    quiet_pip install "${pip_args[@]}" "${PINS[0]}" "${PINS[1]}"
     log "pip install ${PINS[*]:2}"
-    nice -n 10 "$VENV/bin/pip" install "${pip_args[@]}" "${PINS[@]}"
+    quiet_pip install "${pip_args[@]}" "${PINS[@]}"
     if ! venv_ok; then
         log "FAILED: $VENV does not import FastChat with the pinned versions" >&2
         "$VENV/bin/python" -c 'import fastchat.serve.model_worker, fastchat.serve.openai_api_server' >&2 || true

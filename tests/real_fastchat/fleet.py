@@ -203,6 +203,25 @@ class Fleet:
                  .status_code == 400, 60, "API server answers")
         return self.api
 
+    def wait_heartbeat(self, worker: Server, timeout: float = 60) -> None:
+        """Wait until the controller accepts a heartbeat of ``worker`` it knows (re-registered if dropped)."""
+        offset = self.controller.log_size()
+        wait_for(lambda: f"Receive heart beat. {worker.url}" in self.controller.log_since(offset), timeout,
+                 f"controller receives a known heartbeat from {worker.role}")
+
+    def queue_length(self, worker: Server) -> int:
+        return requests.post(worker.url + "/worker_get_status", timeout=5).json()["queue_length"]
+
+    def settle(self, timeout: float = 120) -> None:
+        """Every live worker thawed, with an empty queue and registered at the controller."""
+        live = [w for w in self.workers if w.alive()]
+        for worker in live:
+            worker.thaw()
+        for worker in live:
+            wait_for(lambda: self.queue_length(worker) == 0, timeout, f"{worker.role} idle", step=0.2)
+        for worker in live:
+            self.wait_heartbeat(worker, timeout)
+
     def registered_models(self) -> list[str]:
         """Side-effect free: the controller's /list_models."""
         return sorted(requests.post(self.controller.url + "/list_models", timeout=5).json()["models"])

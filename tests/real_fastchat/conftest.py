@@ -1,0 +1,31 @@
+"""The real-FastChat tier: one FastChat deployment (controller, two workers, API server) per session.
+
+The venv and the tiny model come from ``.ci/setup-fastchat.sh`` (``HANGWATCH_FASTCHAT_VENV``,
+``HANGWATCH_FASTCHAT_MODEL``). Missing: a failure in CI, a skip elsewhere.
+"""
+import pytest
+
+from tests.real_fastchat import fleet as fleet_mod
+from tests.support.require import require
+
+
+@pytest.fixture(scope="session")
+def fastchat_fleet():
+    """A started :class:`tests.real_fastchat.fleet.Fleet`; stopped by PID (thawed first) at the end."""
+    require(fleet_mod.venv_usable(), f"FastChat venv at {fleet_mod.venv_path()} (make it with .ci/setup-fastchat.sh)")
+    require(fleet_mod.model_built(), f"tiny model at {fleet_mod.model_path()} (made by .ci/setup-fastchat.sh)")
+    fleet = fleet_mod.start_fleet(2)
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+@pytest.fixture
+def fleet(fastchat_fleet):
+    """The session's deployment with every worker thawed, idle and registered, before and after."""
+    fastchat_fleet.settle()
+    try:
+        yield fastchat_fleet
+    finally:
+        fastchat_fleet.settle()
