@@ -1,0 +1,119 @@
+"""The config: the example loads; every mistake is refused with its path, before anything binds."""
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from webhook.config import ConfigError, load_config, load_token, parse_config, parse_duration
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+GOOD_TARGET = "  - {name: vllm-a, container: vllm-a, url: 'http://127.0.0.1:8000'}\n"
+
+
+def test_example_config_loads_as_documented():
+    config = load_config(str(REPO / "examples" / "webhook.yml"))
+    assert config.token_file == "/run/secrets/hangwatch-token"
+    assert config.state_dir == "/var/lib/hangwatch" and config.dry_run is False
+    assert config.alertnames == ("HangwatchBackendHung",)
+    assert (config.recheck.interval, config.recheck.timeout) == (10, 5)
+    assert config.cooldown == 900 and (config.budget.restarts, config.budget.window) == (3, 3600)
+    a, b = config.targets
+    assert (a.name, a.container, a.url, a.module, a.stop_timeout) == (
+        "vllm-a", "vllm-a", "http://127.0.0.1:8000", "backend", 30)
+    assert (b.module, b.stop_timeout) == ("backend", 30)
+
+
+def test_defaults_are_designs():
+    config = parse_config({"targets": [{"name": "a", "container": "a", "url": "http://127.0.0.1:1"}]})
+    assert (config.cooldown, config.budget.restarts, config.budget.window) == (900, 3, 3600)
+    assert (config.recheck.interval, config.recheck.timeout) == (10, 5)
+
+
+@pytest.mark.parametrize("text, seconds", [("10s", 10), ("15m", 900), ("1h", 3600), ("500ms", 0.5), ("1.5m", 90)])
+def test_durations(text, seconds):
+    assert parse_duration(text, "x") == seconds
+
+
+BAD = {
+    "unknown top-level key": ("cooldwn: 15m\ntargets:\n" + GOOD_TARGET, "cooldwn: unknown key"),
+    "unknown target key": ("targets:\n" + GOOD_TARGET +
+                           "  - {name: b, contanier: b, container: b, url: 'http://127.0.0.1:1'}\n",
+                           "targets[1].contanier: unknown key"),
+    "unknown nested key": ("recheck: {interval: 10s, timout: 5s}\ntargets:\n" + GOOD_TARGET, "recheck.timout: unknown key"),
+    "no targets": ("cooldown: 15m\n", "targets: required"),
+    "empty targets": ("targets: []\n", "targets: required"),
+    "missing url": ("targets:\n  - {name: a, container: a}\n", "targets[0].url: required"),
+    "bare number duration": ("cooldown: 15\ntargets:\n" + GOOD_TARGET, "cooldown: expected a duration"),
+    "bad duration": ("recheck: {interval: 10 seconds}\ntargets:\n" + GOOD_TARGET, "recheck.interval: '10 seconds' is not a duration"),
+    "zero interval": ("recheck: {interval: 0s}\ntargets:\n" + GOOD_TARGET, "recheck.interval: 0s is out of range"),
+    "budget zero": ("budget: {restarts: 0}\ntargets:\n" + GOOD_TARGET, "budget.restarts: expected a whole number"),
+    "budget string": ("budget: {restarts: 'three'}\ntargets:\n" + GOOD_TARGET, "budget.restarts: expected a whole number"),
+    "dry_run string": ("dry_run: 'yes'\ntargets:\n" + GOOD_TARGET, "dry_run: expected true or false"),
+    "alertnames empty": ("alertnames: []\ntargets:\n" + GOOD_TARGET, "alertnames: expected a non-empty list"),
+    "alertnames not strings": ("alertnames: [1]\ntargets:\n" + GOOD_TARGET, "alertnames[0]: expected a non-empty string"),
+    "duplicate name": ("targets:\n" + GOOD_TARGET + "  - {name: vllm-a, container: b, url: 'http://127.0.0.1:1'}\n",
+                       "targets[1].name: 'vllm-a' is already used by targets[0]"),
+    "duplicate container": ("targets:\n" + GOOD_TARGET + "  - {name: b, container: vllm-a, url: 'http://127.0.0.1:1'}\n",
+                            "targets[1].container: 'vllm-a' is already used by targets[0]"),
+    "url scheme": ("targets:\n  - {name: a, container: a, url: 'ftp://127.0.0.1:1'}\n", "targets[0].url: 'ftp://127.0.0.1:1' must be http(s)"),
+    "url no host": ("targets:\n  - {name: a, container: a, url: 'http://'}\n", "targets[0].url:"),
+    "url bad port": ("targets:\n  - {name: a, container: a, url: 'http://h:99999'}\n", "targets[0].url: 'http://h:99999' is not a URL"),
+    "url credentials": ("targets:\n  - {name: a, container: a, url: 'http://u:p@h:1'}\n", "must not carry credentials"),
+    "module unknown": ("targets:\n  - {name: a, container: a, url: 'http://h:1', module: tgi}\n",
+                       "targets[0].module: 'tgi' is not one of backend, fastchat_worker, proxy"),
+    "proxy never restarted": ("targets:\n  - {name: a, container: a, url: 'http://h:1', module: proxy}\n",
+                              "targets[0].module: a proxy is never restarted"),
+    "container name": ("targets:\n  - {name: a, container: '../etc', url: 'http://h:1'}\n",
+                       "targets[0].container: '../etc' is not a Docker container name"),
+    "target name": ("targets:\n  - {name: 'a/b', container: a, url: 'http://h:1'}\n", "targets[0].name: 'a/b' must be"),
+    "stop_timeout range": ("targets:\n  - {name: a, container: a, url: 'http://h:1', stop_timeout: 2h}\n",
+                           "targets[0].stop_timeout: 2h is out of range"),
+    "not a mapping": ("- 1\n", "config: expected a mapping"),
+    "targets not a list": ("targets: {a: 1}\n", "targets: required"),
+    "target not a mapping": ("targets: [vllm]\n", "targets[0]: expected a mapping"),
+    "not yaml": ("targets: [\n", "not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_config_names_the_key(name, tmp_path):
+    text, message = BAD[name]
+    path = tmp_path / "webhook.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path))
+    assert message in str(caught.value)
+
+
+def test_token_from_file_then_env(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("abc123\n")
+    config = parse_config({"token_file": str(token_file), "targets": [{"name": "a", "container": "a", "url": "http://h:1"}]})
+    assert load_token(config, env={"HANGWATCH_WEBHOOK_TOKEN": "other"}) == "abc123"
+    config = parse_config({"targets": [{"name": "a", "container": "a", "url": "http://h:1"}]})
+    assert load_token(config, env={"HANGWATCH_WEBHOOK_TOKEN": "fromenv"}) == "fromenv"
+    with pytest.raises(ConfigError, match=r"\$HANGWATCH_WEBHOOK_TOKEN is empty"):
+        load_token(config, env={})
+    token_file.write_text("\n")
+    config = parse_config({"token_file": str(token_file), "targets": [{"name": "a", "container": "a", "url": "http://h:1"}]})
+    with pytest.raises(ConfigError, match="token_file: the file is empty"):
+        load_token(config, env={})
+
+
+def test_bad_config_exits_non_zero_naming_the_key_before_binding(tmp_path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]  # if main bound before checking, it would say "cannot listen"
+    path = tmp_path / "webhook.yml"
+    path.write_text("targets:\n" + GOOD_TARGET + "  - {name: b, contanier: b, url: 'http://127.0.0.1:1'}\n")
+    env = dict(os.environ, HANGWATCH_WEBHOOK_TOKEN="t0ken")
+    done = subprocess.run([sys.executable, "-m", "exporter.cli", "webhook", "--config", str(path),
+                           "--listen", f"127.0.0.1:{port}"], capture_output=True, text=True, env=env, timeout=30)
+    holder.close()
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == ["hangwatch webhook: targets[1].contanier: unknown key "
+                                                "(known: container, module, name, stop_timeout, url)"]
