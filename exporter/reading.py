@@ -178,6 +178,8 @@ def parse(page: str, engine: str | None = None) -> Reading:
         for family in plan.declared_zero.get(field_name, ()):
             if _declared(page, family):
                 return 0.0  # multiprocess start-up: declared, no sample yet
+        if field_name in spec.absent_is_zero:
+            return 0.0  # registered on first use (TGI): never set means nothing ever queued
         return None
 
     running, waiting = pick("running"), pick("waiting")

@@ -52,6 +52,12 @@ def progress_fields(engine: str) -> tuple[str, ...]:
     return spec.progress if spec else ()
 
 
+def min_grace(engine: str) -> float:
+    """Seconds of no progress that are normal for this engine (engines.EngineMetrics.min_grace)."""
+    spec = ENGINES_BY_NAME.get(engine)
+    return spec.min_grace if spec else 0.0
+
+
 def progress(before: Reading, after: Reading) -> list[str]:
     """The engine-work signals that moved between two readings of one process."""
     moved = []
@@ -142,11 +148,16 @@ def _judge_in_flight(observations: Sequence[Observation], grace: float) -> Verdi
         start -= 1
     intervals = len(observations) - 1 - start
     stalled_for = last.taken_at - observations[start].taken_at
+    grace = max(grace, min_grace(reading.engine))  # e.g. one long llama.cpp batch moves nothing
     if intervals >= 2 and stalled_for >= grace:
         return Verdict(HUNG, f"{load}, and no engine progress across {intervals} readings "
                              f"({stalled_for:.1f}s): the engine is wedged")
     if intervals == 0:
         return Verdict(BUSY, f"{load}; progress not measured yet", settled=False)
+    if intervals >= 2:
+        return Verdict(BUSY, f"{load}; no engine progress for {stalled_for:.1f}s, within the "
+                             f"{grace:g}s grace ({reading.engine}: one step can take that long); watching",
+                       settled=False)
     return Verdict(BUSY, f"{load}; no engine progress for {stalled_for:.1f}s "
                          f"({intervals} of 2 readings); watching", settled=False)
 
