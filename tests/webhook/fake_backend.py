@@ -1,0 +1,53 @@
+"""A 40-line fake vLLM for the real-Docker tests: stdlib only, run inside a container.
+
+Its mode is read from a file at every request, so a test can flip it while the container
+runs: ``hung`` (one request running, counters frozen), ``busy`` (one running, counters
+moving), ``idle`` (nothing running; the 1-token probe answers). ``process_start_time_seconds``
+is this process's start, so a container restart shows as a new process.
+Usage: python3 fake_backend.py PORT MODE_FILE
+"""
+import http.server
+import json
+import sys
+import time
+
+PORT, MODE_FILE = int(sys.argv[1]), sys.argv[2]
+STARTED = time.time()
+PAGE = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="tiny"}} {running}
+vllm:num_requests_waiting{{engine="0",model_name="tiny"}} 0.0
+vllm:iteration_tokens_total_count{{engine="0",model_name="tiny"}} {steps}
+vllm:generation_tokens_total{{engine="0",model_name="tiny"}} {steps}
+process_start_time_seconds {started}
+"""
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        mode = open(MODE_FILE).read().strip()
+        if self.path == "/metrics":
+            steps = 100.0 if mode == "hung" else float(int((time.time() - STARTED) * 50))
+            self.reply(PAGE.format(running=0.0 if mode == "idle" else 1.0, steps=steps, started=STARTED), "text/plain")
+        elif self.path == "/v1/models":
+            self.reply(json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}))
+        else:
+            self.reply('{"error": "not found"}', code=404)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.reply(json.dumps({"choices": [{"text": "!"}]}))
+
+    def reply(self, body, content_type="application/json", code=200):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        sys.stderr.write("fake-backend " + (args[0] % args[1:]) + "\n")
+
+
+print(f"fake backend on 127.0.0.1:{PORT}, started {STARTED}", flush=True)
+http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()

@@ -1,0 +1,228 @@
+"""Real parts for the webhook's tests: a Docker engine, a local image, fake-vLLM containers,
+``hangwatch webhook`` processes and an Alertmanager. Each fixture stops what it started.
+
+The engine: if ``docker info`` does not answer, ``.ci/start-dockerd.sh`` starts one (no
+bridge, no iptables) and ``.ci/stop-dockerd.sh`` stops it at the end of the session. The
+image is made here with ``docker import`` (no registry): an empty root with /lib, /bin
+symlinks into /usr, and the host's /usr bind-mounted read-only, so the host's
+/usr/bin/python3 runs ``fake_backend.py`` with ``--network host --init``.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+import requests
+
+from tests.support.require import require, require_binary
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+HERE = pathlib.Path(__file__).resolve().parent
+IMAGE = "hangwatch-webhook-test:latest"
+HOST_PYTHON = "/usr/bin/python3"
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=0.5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _engine_answers() -> bool:
+    return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def dockerd():
+    """A Docker engine answering on the default socket; started (and stopped) here if needed."""
+    require_binary("docker")
+    if _engine_answers():
+        yield
+        return
+    require_binary("dockerd")
+    require(os.geteuid() == 0, "root, to run dockerd")
+    started = subprocess.run([str(REPO / ".ci" / "start-dockerd.sh")], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield
+    finally:
+        subprocess.run([str(REPO / ".ci" / "stop-dockerd.sh")], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def docker_client(dockerd):
+    import docker
+    client = docker.from_env(timeout=60)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def backend_image(docker_client):
+    require(os.path.exists(HOST_PYTHON), f"{HOST_PYTHON} (the host's Python, bind-mounted into the test image)")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name in ("usr", "tmp", "proc", "sys", "dev", "etc", "sbin", "app", "mode"):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for name in ("lib", "lib64", "bin"):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, f"usr/{name}"
+            tar.addfile(info)
+    made = subprocess.run(["docker", "import", "-", IMAGE], input=buffer.getvalue(), capture_output=True, timeout=60)
+    assert made.returncode == 0, made.stderr.decode(errors="replace")
+    yield IMAGE
+    try:
+        docker_client.images.remove(IMAGE, force=True)
+    except Exception:
+        pass
+
+
+class Backend:
+    """One fake-vLLM container; ``mode`` flips hung/busy/idle; ``restarts()`` counts Docker's restart events."""
+
+    def __init__(self, client, image, directory: pathlib.Path):
+        self.client = client
+        self.name = f"hw-test-{uuid.uuid4().hex[:8]}"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.mode_dir = directory / self.name
+        self.mode_dir.mkdir(parents=True)
+        self.set_mode("hung")
+        self.created = int(time.time()) - 1
+        self.container = client.containers.run(
+            image, [HOST_PYTHON, "/app/fake_backend.py", str(self.port), "/mode/mode"], name=self.name,
+            detach=True, init=True, network_mode="host",
+            volumes={"/usr": {"bind": "/usr", "mode": "ro"}, str(HERE): {"bind": "/app", "mode": "ro"},
+                     str(self.mode_dir): {"bind": "/mode", "mode": "ro"}})
+        self.wait_ready()
+
+    def set_mode(self, mode: str) -> None:
+        (self.mode_dir / "mode").write_text(mode)
+
+    def started_at(self) -> str:
+        self.container.reload()
+        return self.container.attrs["State"]["StartedAt"]
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        wait_for(lambda: answers(self.url + "/metrics"), timeout, f"{self.name} to answer /metrics")
+
+    def restarts(self) -> int:
+        events = self.client.events(since=self.created, until=int(time.time()) + 1, decode=True,
+                                    filters={"container": self.name, "event": "restart"})
+        return sum(1 for _ in events)
+
+    def remove(self) -> None:
+        try:
+            self.container.remove(force=True)
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def backend(docker_client, backend_image, tmp_path):
+    made = []
+
+    def make(mode: str = "hung") -> Backend:
+        made.append(Backend(docker_client, backend_image, tmp_path / "backends"))
+        made[-1].set_mode(mode)
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.remove()
+
+
+def webhook_config(tmp_path: pathlib.Path, backends, *, state_dir=None, cooldown="15m", restarts=3,
+                   interval="300ms") -> pathlib.Path:
+    token = tmp_path / "token"
+    token.write_text("real-test-token-0123456789\n")
+    config = {
+        "token_file": str(token), "state_dir": str(state_dir or tmp_path / "state"),
+        "recheck": {"interval": interval, "timeout": "1s"}, "cooldown": cooldown,
+        "budget": {"restarts": restarts, "window": "1h"},
+        "targets": [{"name": b.name, "container": b.name, "url": b.url, "stop_timeout": "5s"} for b in backends],
+    }
+    path = tmp_path / "webhook.yml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+class WebhookProcess:
+    """``hangwatch webhook`` as a real process on a free loopback port."""
+
+    def __init__(self, config: pathlib.Path, log_path: pathlib.Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "exporter.cli", "webhook", "--config", str(config), "--listen",
+             f"127.0.0.1:{self.port}"], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.process.poll() is not None or answers(self.url + "/healthz"), 20, "webhook /healthz")
+        assert self.process.poll() is None, self.log()
+
+    def idle(self) -> bool:
+        return requests.get(self.url + "/healthz", timeout=2).json()["jobs_in_progress"] == 0
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+def ledger(state_dir: pathlib.Path) -> list[dict]:
+    path = state_dir / "ledger.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def alert_body(backend: Backend, starts_at: str | None = None, status: str = "firing") -> dict:
+    return {"version": "4", "status": status, "receiver": "hangwatch", "groupLabels": {}, "commonLabels": {},
+            "commonAnnotations": {}, "externalURL": "http://127.0.0.1:9093", "groupKey": "{}", "truncatedAlerts": 0,
+            "alerts": [{"status": status, "labels": {"alertname": "HangwatchBackendHung", "target": backend.name,
+                                                     "container": backend.name, "severity": "critical",
+                                                     "action": "restart"},
+                        "annotations": {}, "startsAt": starts_at or now_rfc3339(),
+                        "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": "0"}]}
