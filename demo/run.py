@@ -73,6 +73,32 @@ def v4_payload(alerts: list[dict]) -> dict:
                         "fingerprint": ""} for a in alerts]}
 
 
+class Scraper(threading.Thread):
+    """Without Prometheus, someone must scrape the exporter: this reads /probe every interval."""
+
+    def __init__(self, stack: Stack):
+        super().__init__(daemon=True, name="demo-scraper")
+        self.stack = stack
+        self.stop = threading.Event()
+        self.last = ""
+
+    def run(self) -> None:
+        url = f"{self.stack.exporter.url}/probe"
+        while not self.stop.wait(self.stack.scrape_interval):
+            try:
+                self.last = requests.get(url, params={"target": self.stack.simulator.url}, timeout=10).text
+            except requests.RequestException:
+                pass
+
+    def view(self) -> str:
+        from prometheus_client.parser import text_string_to_metric_families
+        samples = {s.name: s.value for fam in text_string_to_metric_families(self.last) for s in fam.samples}
+        probe = samples.get("hangwatch_probe_success")
+        in_flight = samples.get("hangwatch_requests_in_flight")
+        return (f"in_flight={'?' if in_flight is None else f'{in_flight:g}'} "
+                f"probe={'none (not sent)' if probe is None else ('ok' if probe == 1 else 'FAILED')}")
+
+
 class StandIn(threading.Thread):
     """Plays Prometheus' rules (with ``hangwatch check``) and/or Alertmanager when not installed."""
 
@@ -116,9 +142,10 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
         say.say("demo", "Prometheus is not installed: the demo judges with `hangwatch check` instead of the rules")
     elif not stack.alertmanager:
         say.say("demo", "Alertmanager is not installed: the demo forwards Prometheus' firing alert itself")
-    stand_in = None
-    if not stack.alertmanager:
-        stand_in = StandIn(stack, say)
+    stand_in = StandIn(stack, say) if not stack.alertmanager else None
+    scraper = Scraper(stack) if not stack.prometheus else None
+    if scraper:
+        scraper.start()
 
     # 1. idle -------------------------------------------------------------------------------
     if stack.prometheus:
@@ -131,6 +158,8 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
     say.say("simulator", f"idle: received {idle_probes} inference requests — the exporter's 1-token idle probes")
     if stack.prometheus:
         say.say("prometheus", prometheus_view(stack, window))
+    else:
+        say.say("exporter", scraper.view())
 
     # 2. busy -------------------------------------------------------------------------------
     say.say("demo", f"phase 2: busy — 3 requests decoding for {busy_seconds:g}s")
@@ -146,6 +175,8 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
     deadline = time.monotonic() + busy_seconds
     while time.monotonic() < deadline:
         time.sleep(min(interval * 2, max(0.1, deadline - time.monotonic())))
+        if not stack.prometheus:
+            say.say("exporter", scraper.view())
         if stack.prometheus:
             say.say("prometheus", prometheus_view(stack, window))
             # firing alerts, and a pending hang (a restart alert on its way)
@@ -198,6 +229,8 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
     finally:
         if stand_in:
             stand_in.stop.set()
+        if scraper:
+            scraper.stop.set()
     time.sleep(1)
     decisions.extend(say.webhook_decisions())
     restart_decisions = stack.webhook_metric("hangwatch_webhook_decisions_total", action="restart")
