@@ -61,6 +61,9 @@ def measure_once(scrape_interval: float) -> float:
         try:
             stack.sim.set_state("busy", n=3)
             stack.wait_state("busy", timeout=30)
+            if stack.receiver.alerts("/alerts", "HangwatchBackendHung") or stack.ever("hung", 60):
+                causes = stack.query("max_over_time(target:hangwatch_backend_hung:cause[60s]) > 0")
+                raise RuntimeError(f"hung before the freeze (causes: {causes}); the machine is too loaded?")
             frozen_at = time.time()
             stack.sim.set_state("frozen")
             wait_until(lambda: stack.receiver.alerts("/alerts", "HangwatchBackendHung"), 60 * scrape_interval + 30,

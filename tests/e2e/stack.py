@@ -162,8 +162,12 @@ class Stack:
             self.sim.start(port=0)
         self.receiver = Receiver()
         self.exporter_port, self.prom_port, self.am_port = free_port(), free_port(), free_port()
+        # A 1 s scrape timeout minus the default 0.5 s offset would leave the idle probe
+        # 0.25 s: too tight on a loaded 2-core machine (a slow probe twice is "hung").
+        exporter_config = self.workdir / "exporter.yml"
+        exporter_config.write_text("timeout_offset: 100ms\n")
         self.exporter = self._spawn("exporter", [self._hangwatch(), "exporter", "--listen",
-                                                 f"127.0.0.1:{self.exporter_port}"])
+                                                 f"127.0.0.1:{self.exporter_port}", "--config", str(exporter_config)])
         _wait_http(self.exporter, f"http://127.0.0.1:{self.exporter_port}/metrics")
         am_config = self.workdir / "alertmanager.yml"
         am_config.write_text(yaml.safe_dump(self.alertmanager_config(), sort_keys=False))

@@ -39,6 +39,7 @@ def _hang_notifications(stack: Stack):
 def test_freeze_sends_exactly_one_hang_notification(stack):
     stack.sim.set_state("busy", n=3)
     stack.wait_state("busy")
+    assert not _hang_notifications(stack) and not stack.ever("hung", 60), "hung before the freeze"
     frozen_at = time.time()
     stack.sim.set_state("frozen")
     wait_until(lambda: _hang_notifications(stack), 30, "the hang notification at the webhook receiver")
