@@ -140,6 +140,7 @@ SGLANG = EngineMetrics(
     },
     gauges={"kv_cache_usage": ("sglang:token_usage",)},
     model_label="model_name",
+    process_start=(),  # prometheus_client multiprocess mode: no process_* series
     progress=("steps", "prompt_tokens", "generation_tokens", "finished", "kv_cache_usage"),
     # The scheduler sets its gauges only when it logs stats: every prefill batch, every
     # decode_log_interval (40) decode steps, and every 30 s when idle. So after the last
