@@ -48,7 +48,7 @@ READING_FIELDS = ("running", "waiting", "steps", "prompt", "gen", "prefix", "fin
 ALERTS = ("HangwatchBackendHung", "HangwatchBackendDown", "HangwatchBackendBlind",
           "HangwatchBackendRestarted", "HangwatchExporterDown", "HangwatchExporterAbsent")
 STEP_KEYS = set(READING_FIELDS) | {"status", "probe", "expect", "expect_promql", "why", "alerts", "repeat", "note"}
-SCENARIO_KEYS = {"name", "description", "module", "grace", "steps", "alert_checks"}
+SCENARIO_KEYS = {"name", "description", "module", "engine", "grace", "steps", "alert_checks"}
 TARGET_LABELS = {"job": "hangwatch", "instance": "http://127.0.0.1:8000", "target": "vllm-a", "container": "vllm-a"}
 
 
@@ -86,6 +86,7 @@ class Scenario:
     description: str
     module: str
     grace: float
+    engine: str
     steps: tuple[Step, ...]
     alert_checks: tuple[tuple[int, tuple[str, ...]], ...] = field(default=())
     path: Path | None = None
@@ -147,7 +148,7 @@ def load(path: Path) -> Scenario:
                               raw.get("why", ""), alerts))
     checks = tuple((_seconds(c["at"]), tuple(c.get("alerts", ()))) for c in data.get("alert_checks", ()))
     return Scenario(data["name"], data.get("description", ""), module, float(data.get("grace", 0)),
-                    tuple(steps), checks, path)
+                    data.get("engine", "vllm"), tuple(steps), checks, path)
 
 
 def load_all() -> list[Scenario]:

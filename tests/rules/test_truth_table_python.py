@@ -21,7 +21,7 @@ _READING = {"steps": "steps", "prompt": "prompt_tokens", "gen": "generation_toke
             "start": "process_start"}
 
 
-def observation_for(step: Step, module: str) -> Observation | None:
+def observation_for(step: Step, module: str, scenario_engine: str = "vllm") -> Observation | None:
     """What ``observe_backend``/``observe_proxy`` would have returned for this step."""
     taken_at = float(step.time)
     if not step.scraped:
@@ -35,7 +35,7 @@ def observation_for(step: Step, module: str) -> Observation | None:
     if module == "proxy":
         return Observation(taken_at, "ok")
     v = step.values
-    reading = Reading(engine="vllm", running=float(v["running"]), waiting=float(v["waiting"]),
+    reading = Reading(engine=scenario_engine, running=float(v["running"]), waiting=float(v["waiting"]),
                       asleep=bool(v.get("asleep")),
                       **{field: (None if v.get(key) is None else float(v[key])) for key, field in _READING.items()})
     probe = None
@@ -48,7 +48,7 @@ def python_verdicts(scenario: Scenario) -> list[str]:
     """The verdict after each step ("none" where no reading was taken)."""
     observations, verdicts = [], []
     for step in scenario.steps:
-        observation = observation_for(step, scenario.module)
+        observation = observation_for(step, scenario.module, scenario.engine)
         if observation is None:
             verdicts.append("none")
             continue
