@@ -71,8 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--listen", default="127.0.0.1:9878", help="HOST:PORT (default 127.0.0.1:9878)")
     w.add_argument("--dry-run", action="store_true", help="decide and log, never restart")
 
-    s = commands.add_parser("simulate", help="a vLLM simulator for demos and tests")
-    s.add_argument("args", nargs=argparse.REMAINDER)
+    commands.add_parser("simulate", help="a vLLM simulator for demos and tests (see hangwatch simulate --help)")
     return parser
 
 
@@ -108,6 +107,10 @@ def _usage(message: str) -> SystemExit:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["simulate"]:  # everything after it belongs to the simulator's own parser
+        from .simulator import main as simulator_main
+        return simulator_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     if args.command == "check":
         return run_check(args)
@@ -117,9 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "webhook":
         from webhook.app import main as webhook_main
         return webhook_main(args)
-    if args.command == "simulate":
-        from .simulator import main as simulator_main
-        return simulator_main(args.args) or 0
     return EXIT_USAGE
 
 
