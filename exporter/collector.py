@@ -150,11 +150,11 @@ class BackendCollector:
 
     def collect(self):
         started = time.monotonic()
-        half = self.budget / 2  # the rest of the budget is the idle probe's
-        observation = observer_for(self.module)(self.session, self.target, timeout=half, probe_timeout=half,
-                                                engine=None, clock=time.monotonic)
+        observation = observer_for(self.module)(self.session, self.target, timeout=self.budget,
+                                                probe_timeout=None, engine=None, clock=time.monotonic)
         if observation.reading is not None:
-            version = engine_version(self.session, self.target, observation.reading.engine, min(1.0, half))
+            version = engine_version(self.session, self.target, observation.reading.engine,
+                                     min(1.0, max(0.1, self.budget - (time.monotonic() - started))))
             observation = replace(observation, reading=replace(observation.reading, version=version))
         self.last_observation = observation
         yield from families_for(observation, self.module, time.monotonic() - started)

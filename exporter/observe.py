@@ -50,7 +50,11 @@ class Observation:
 def observe_backend(session: requests.Session, base_url: str, *, timeout: float,
                     probe_timeout: float | None = None, engine: str | None = None,
                     allow_probe: bool = True, clock=time.monotonic) -> Observation:
-    """Read ``base_url``/metrics once; probe only if the reading shows nothing in flight."""
+    """Read ``base_url``/metrics once; probe only if the reading shows nothing in flight.
+
+    Without a ``probe_timeout`` the probe gets what is left of ``timeout`` after the read:
+    /metrics answers in milliseconds, so a short scrape budget still leaves the probe time.
+    """
     base_url = base_url.rstrip("/")
     taken_at = clock()
     fetched = request(session, "GET", base_url + "/metrics", timeout=timeout)
@@ -66,7 +70,7 @@ def observe_backend(session: requests.Session, base_url: str, *, timeout: float,
         return Observation(taken_at, BLIND, error=f"/metrics unusable: {exc}", scrape_seconds=fetched.elapsed)
     probe = None
     if allow_probe and reading.in_flight == 0 and not reading.asleep:
-        probe = send_probe(session, base_url, probe_timeout or timeout)
+        probe = send_probe(session, base_url, probe_timeout or max(0.1, timeout - fetched.elapsed))
     return Observation(taken_at, ANSWERED, reading=reading, probe=probe, scrape_seconds=fetched.elapsed)
 
 
