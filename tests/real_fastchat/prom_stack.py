@@ -1,0 +1,162 @@
+"""Real Prometheus + Alertmanager + the hangwatch exporter watching a real FastChat deployment
+and a vLLM box (the simulator), configured from examples/fleet/prometheus.yml.
+
+Only addresses, paths and timings are replaced in the example (the scrape interval becomes
+``SCRAPE`` seconds and the rules are rewritten by rules/retime.py, every duration scaled), so
+what is tested is what users deploy. Alertmanager routes as examples/alertmanager.yml says:
+the restart route to ``hook_url`` (a recorder or the real webhook), the rest to people (a
+recorder). Every process is stopped by PID in :meth:`close`.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import requests
+import yaml
+
+from tests.e2e.stack import TOKEN, Process, Receiver, _wait_http, free_port, load_retime, wait_until
+from tests.rules.test_fleet_rules import recording_rules
+
+REPO = Path(__file__).resolve().parents[2]
+SCRAPE = 3.0   # seconds: a budget of 2.5 s per scrape, half of it for the idle probe
+
+
+class FleetStack:
+    def __init__(self, workdir: Path, fleet, vllm_url: str, *, hook_url: str | None = None,
+                 token_file: Path | None = None, worker_containers: dict | None = None):
+        self.workdir, self.fleet, self.vllm_url = workdir, fleet, vllm_url
+        self.hook_url, self.token_file = hook_url, token_file
+        self.worker_containers = worker_containers or {}
+        self.processes: list[Process] = []
+        self.receiver = Receiver()
+        self.retime = load_retime()
+
+    # -- start -----------------------------------------------------------------------------
+    def start(self) -> "FleetStack":
+        try:
+            self.exporter_port, self.prom_port, self.am_port = free_port(), free_port(), free_port()
+            hangwatch = shutil.which("hangwatch") or "hangwatch"
+            self.exporter = self._spawn("exporter", [hangwatch, "exporter", "--listen",
+                                                     f"127.0.0.1:{self.exporter_port}"])
+            _wait_http(self.exporter, f"http://127.0.0.1:{self.exporter_port}/metrics")
+            am_config = self.workdir / "alertmanager.yml"
+            am_config.write_text(yaml.safe_dump(self.alertmanager_config(), sort_keys=False))
+            self.alertmanager = self._spawn("alertmanager", [
+                shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
+                f"--config.file={am_config}", f"--storage.path={self.workdir / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{self.am_port}", "--cluster.listen-address="])
+            _wait_http(self.alertmanager, f"http://127.0.0.1:{self.am_port}/-/ready")
+            prom_config = self.workdir / "prometheus.yml"
+            prom_config.write_text(yaml.safe_dump(self.prometheus_config(), sort_keys=False))
+            self.prometheus = self._spawn("prometheus", [
+                shutil.which("prometheus") or "prometheus", f"--config.file={prom_config}",
+                f"--storage.tsdb.path={self.workdir / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{self.prom_port}"])
+            _wait_http(self.prometheus, f"http://127.0.0.1:{self.prom_port}/-/ready")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _spawn(self, name: str, argv: list[str]) -> Process:
+        process = Process(name, argv, self.workdir / f"{name}.log")
+        self.processes.append(process)
+        return process
+
+    # -- configs derived from the examples ----------------------------------------------------
+    def rule_files(self) -> list[Path]:
+        sources = [recording_rules(self.workdir), REPO / "rules" / "hangwatch-alerts.yml",
+                   REPO / "rules" / "hangwatch-fleet.yml"]
+        paths = []
+        for source in sources:
+            target = self.workdir / ("retimed-" + source.name)
+            target.write_text(self.retime.retime_text(source.read_text(), SCRAPE, all_durations=True))
+            paths.append(target)
+        return paths
+
+    def urls(self) -> dict[str, str]:
+        """Example target name -> the real URL it stands for here."""
+        urls = {"vllm-a": self.vllm_url, "fc-controller": self.fleet.controller.url, "fc-api": self.fleet.api.url}
+        for i, worker in enumerate(self.fleet.workers[:2]):
+            urls[f"fc-worker-{i}"] = worker.url
+        return urls
+
+    def prometheus_config(self) -> dict:
+        config = yaml.safe_load((REPO / "examples" / "fleet" / "prometheus.yml").read_text())
+        interval = self.retime.format_duration(SCRAPE)
+        config["global"].update({"scrape_interval": interval, "evaluation_interval": interval})
+        config["rule_files"] = [str(p) for p in self.rule_files()]
+        config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{self.am_port}"]}]
+        urls = self.urls()
+        for job in config["scrape_configs"]:
+            job["scrape_interval"] = job["scrape_timeout"] = interval
+            if job["job_name"] == "hangwatch":
+                for group in job["static_configs"]:
+                    name = group["labels"]["target"]
+                    group["targets"] = [urls[name]]
+                    if name in self.worker_containers:
+                        group["labels"]["container"] = self.worker_containers[name]
+                for relabel in job["relabel_configs"]:
+                    if relabel.get("target_label") == "__address__":
+                        relabel["replacement"] = f"127.0.0.1:{self.exporter_port}"
+            else:
+                job["static_configs"] = [{"targets": [f"127.0.0.1:{self.exporter_port}"]}]
+        return config
+
+    def alertmanager_config(self) -> dict:
+        config = yaml.safe_load((REPO / "examples" / "alertmanager.yml").read_text())
+        token_file = self.token_file or self.workdir / "token"
+        if self.token_file is None:
+            token_file.write_text(TOKEN)
+        config["route"].update({"group_wait": "0s", "group_interval": "1s", "repeat_interval": "1h"})
+        for route in config["route"]["routes"]:
+            route.update({"group_interval": "1s", "repeat_interval": "1h"})
+        for receiver in config["receivers"]:
+            if receiver["name"] == "hangwatch-webhook":
+                hook = receiver["webhook_configs"][0]
+                hook["url"] = self.hook_url or f"{self.receiver.url}/alerts"
+                hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+            else:
+                receiver.pop("email_configs", None)
+                receiver["webhook_configs"] = [{"url": f"{self.receiver.url}/people", "send_resolved": True}]
+        return config
+
+    # -- Prometheus queries -----------------------------------------------------------------
+    def query(self, expr: str) -> list[dict]:
+        response = requests.get(f"http://127.0.0.1:{self.prom_port}/api/v1/query", params={"query": expr}, timeout=5)
+        response.raise_for_status()
+        return response.json()["data"]["result"]
+
+    def by_target(self, expr: str) -> dict[str, float]:
+        return {s["metric"].get("target", ""): float(s["value"][1]) for s in self.query(expr)}
+
+    def states(self) -> dict[str, str]:
+        return {s["metric"]["target"]: s["metric"]["state"]
+                for s in self.query("target:hangwatch_backend_state:current == 1")}
+
+    def wait_states(self, expected: dict[str, str], timeout: float = 60.0) -> dict[str, str]:
+        def reached():
+            for process in self.processes:
+                process.check_alive()
+            states = self.states()
+            return states if all(states.get(t) == s for t, s in expected.items()) else None
+        try:
+            return wait_until(reached, timeout, f"states {expected}", interval=0.2)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; now {self.states()}") from None
+
+    def ever_state(self, target: str, state: str, seconds: float) -> bool:
+        result = self.query(f'max_over_time(target:hangwatch_backend_state:current'
+                            f'{{target="{target}",state="{state}"}}[{max(1, round(seconds))}s])')
+        return bool(result) and float(result[0]["value"][1]) == 1
+
+    # -- stop ------------------------------------------------------------------------------
+    def close(self):
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+        self.receiver.close()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.processes)

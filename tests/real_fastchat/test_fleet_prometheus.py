@@ -1,0 +1,98 @@
+"""A FastChat deployment and a vLLM box in one Prometheus config (examples/fleet/prometheus.yml),
+through the real exporter, Prometheus with the shipped rules, and Alertmanager.
+
+Every member's state is on the dashboard's series; a busy worker is busy (never probed, never
+hung, no alert) and the shortest-queue pick moves away from it; a frozen worker is hung,
+unroutable and raises the one restart alert with its target and container; the controller
+and API server stay idle, and the controller never dispatched anything while watched.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from exporter.simulator import Simulator
+from tests.e2e.stack import wait_until
+from tests.real_fastchat.prom_stack import SCRAPE, FleetStack
+from tests.real_fastchat.test_fastchat_checks import PROBE_LINE, Load
+from tests.support.require import require_binary
+
+pytestmark = pytest.mark.real
+
+HUNG = "HangwatchBackendHung"
+MEMBERS = ("vllm-a", "fc-worker-0", "fc-worker-1", "fc-controller", "fc-api")
+
+
+@pytest.fixture
+def stack(fleet, tmp_path):
+    require_binary("prometheus")
+    require_binary("prometheus-alertmanager")
+    sim = Simulator()
+    sim.start(port=0)
+    stack = FleetStack(tmp_path, fleet, sim.url)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.close()
+        sim.stop()
+
+
+def test_one_config_shows_every_member_and_never_hurts_a_busy_worker(stack, fleet):
+    controller_offset = fleet.controller.log_size()
+    stack.wait_states({name: "idle" for name in MEMBERS}, timeout=90)
+    engines = {s["metric"]["target"]: (s["metric"].get("engine", ""), s["metric"]["module"])
+               for s in stack.query("hangwatch_backend_info")}
+    assert engines["fc-worker-0"] == ("fastchat", "fastchat_worker")
+    assert engines["fc-controller"] == ("", "fastchat_controller")
+    wait_until(lambda: stack.by_target("target:hangwatch_dispatch_unroutable:bool") == {
+        "vllm-a": 0, "fc-worker-0": 0, "fc-worker-1": 0}, 10, "dispatch series for the three members", interval=0.2)
+    assert stack.by_target("hangwatch_fleet_models_registered") == {"fc-controller": 1, "fc-api": 1}
+
+    # Busy: a long generation on worker 0 for several scrapes.
+    worker = fleet.workers[0]
+    offset = worker.log_size()
+    busy_from = time.monotonic()
+    load = Load(worker.url, max_new_tokens=6000)
+    stack.wait_states({"fc-worker-0": "busy"}, timeout=30)
+    wait_until(lambda: stack.by_target("target:hangwatch_shortest_queue_pick:bool").get("fc-worker-1") == 1
+               and stack.by_target("target:hangwatch_shortest_queue_pick:bool").get("fc-worker-0") == 0,
+               20, "the shortest-queue pick moves to the idle worker", interval=0.2)
+    wait_until(lambda: time.monotonic() - busy_from > 5 * SCRAPE, 60, "five scrapes of the busy worker")
+    assert fleet.queue_length(worker) >= 1, "the load ended too early to prove anything"
+    assert stack.states()["fc-worker-0"] == "busy"
+    load.join()
+    assert load.error is None
+    # Never probed while busy (the worker's own access log), never hung, never alerted.
+    busy_log = worker.log_since(offset)
+    last_generation = busy_log.rfind("/worker_generate_stream")
+    assert not PROBE_LINE.search(busy_log[:last_generation]), "a busy worker was sent a probe"
+    assert not stack.ever_state("fc-worker-0", "hung", time.monotonic() - busy_from + 5)
+    assert not stack.receiver.alerts("/alerts") and not stack.receiver.alerts("/people")
+    # Watching the fleet never made its controller dispatch or re-register anything.
+    controller_log = fleet.controller.log_since(controller_offset)
+    assert "names:" not in controller_log and "Register" not in controller_log
+
+
+def test_frozen_worker_is_hung_unroutable_and_raises_the_one_restart_alert(stack, fleet):
+    stack.wait_states({name: "idle" for name in MEMBERS}, timeout=90)
+    worker = fleet.workers[1]
+    worker.freeze()
+    try:
+        frozen_at = time.monotonic()
+        stack.wait_states({"fc-worker-1": "hung"}, timeout=6 * SCRAPE)
+        hung_after = time.monotonic() - frozen_at
+        assert hung_after <= 3 * SCRAPE + 3, f"hung after {hung_after:.1f}s (two intervals + a rule evaluation)"
+        assert stack.by_target("target:hangwatch_dispatch_unroutable:bool")["fc-worker-1"] == 1
+        assert "fc-worker-1" not in stack.by_target("target:hangwatch_shortest_queue_pick:bool")
+        alerts = wait_until(lambda: stack.receiver.alerts("/alerts", HUNG), 20, "the hang alert at the webhook route")
+        labels = alerts[0][1]["labels"]
+        assert (labels["target"], labels["container"], labels["action"]) == ("fc-worker-1", "fc-worker-1", "restart")
+        assert {a["labels"]["target"] for _, a in stack.receiver.alerts("/alerts")} == {"fc-worker-1"}
+        states = stack.states()
+        assert (states["fc-controller"], states["fc-api"], states["fc-worker-0"]) == ("idle", "idle", "idle")
+    finally:
+        worker.thaw()
+    stack.wait_states({"fc-worker-1": "idle"}, timeout=60)
