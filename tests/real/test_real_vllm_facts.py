@@ -5,7 +5,7 @@ own package) from the one real vLLM of the session (fixture ``real_vllm``). Read
 taken the way hangwatch takes them: two or more readings an interval (≥ 1 s) apart; every
 other wait polls a condition under a deadline.
 
-The restart test runs last (it costs a full start-up).
+The restart is proven in ``test_real_vllm_verdicts.py``, which runs last (one start-up).
 """
 import time
 
@@ -130,18 +130,3 @@ def test_frozen_engine_answers_metrics_with_every_counter_flat(vllm):
                         > second.value("vllm:generation_tokens_total"),
                         30, what="progress after thaw")
         assert not load.errors(), load.errors()
-
-
-def test_restart_changes_process_start_time(real_vllm):
-    """Runs last: a full stop (SIGTERM) and start on the same port."""
-    real_vllm.thaw()
-    before = real_vllm.metrics()
-    engine_before = real_vllm.engine_pid()
-    real_vllm.restart()
-    after = real_vllm.metrics()
-    assert real_vllm.url.endswith(f":{real_vllm.port}")
-    assert after.value("process_start_time_seconds") > before.value("process_start_time_seconds")
-    assert real_vllm.engine_pid() != engine_before
-    # Counters start again from zero after a restart.
-    assert (after.value("vllm:request_success_total") or 0) < (
-        before.value("vllm:request_success_total") or 0)

@@ -1,0 +1,127 @@
+"""`hangwatch check`, run as a user runs it, on a real vLLM 0.32 in every state.
+
+The proof that hangwatch consumes nothing while the server is busy comes from vLLM's own
+counters: the completions endpoint's request counter (prometheus-fastapi-instrumentator's
+``http_requests_total{handler="/v1/completions"}``) and ``vllm:request_success_total`` do
+not move while hangwatch checks a server whose long generations are still streaming.
+
+This file sorts after ``test_real_vllm_facts.py`` and ends with the one restart of the
+session (a restart costs a full start-up).
+"""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from exporter.observe import observe_backend
+from exporter.verdict import judge
+from tests.real.vllm_server import LONG_PROMPT_TOKENS
+
+pytestmark = pytest.mark.real
+
+RUNNING = "vllm:num_requests_running"
+
+
+def hangwatch_check(url, *args, timeout_s=120):
+    done = subprocess.run([sys.executable, "-m", "exporter.cli", "check", url, "--json", *args],
+                          capture_output=True, text=True, timeout=timeout_s)
+    assert done.stdout.count("\n") == 1, (done.stdout, done.stderr)
+    result = json.loads(done.stdout)
+    assert done.returncode == result["exit_code"]
+    return result
+
+
+def inference_requests(page) -> float:
+    """Completions vLLM has answered, counted by vLLM itself (two independent counters)."""
+    http = sum(v for (name, labels), v in page.series("http_requests_total").items()
+               if ("handler", "/v1/completions") in labels)
+    return http + (page.value("vllm:request_success_total") or 0)
+
+
+def test_idle_server_is_idle_after_exactly_one_tiny_probe(vllm):
+    before = inference_requests(vllm.metrics())
+    result = hangwatch_check(vllm.url, "--interval", "1")
+    assert (result["verdict"], result["exit_code"], result["probe_sent"]) == ("idle", 0, True)
+    assert result["engine"] == "vllm" and result["models"] == ["tiny-llama"]
+    after = vllm.wait_until(lambda p: inference_requests(p) > before, 10, what="the probe counted")
+    assert inference_requests(after) == before + 2  # one request: one http count, one success
+
+
+def test_four_long_generations_are_busy_and_hangwatch_sends_nothing(vllm):
+    with vllm.generations(4, max_tokens=20000, deadline_s=120) as load:
+        before = vllm.wait_until(lambda p: p.value(RUNNING) == 4, 60, what="4 running")
+        results = [hangwatch_check(vllm.url, "--interval", "1") for _ in range(3)]
+        after = vllm.metrics()
+        assert after.value(RUNNING) == 4, "a generation ended early: the proof below needs all 4 streaming"
+        assert not load.errors(), load.errors()
+    for result in results:
+        assert (result["verdict"], result["exit_code"]) == ("busy", 0), result["reason"]
+        assert result["probe_sent"] is False and result["in_flight"] == 4
+    assert inference_requests(after) == inference_requests(before), "hangwatch sent an inference request"
+
+
+def test_long_chunked_prefill_is_busy_never_hung(vllm):
+    assert LONG_PROMPT_TOKENS >= 20000
+    generation = vllm.long_prompt(LONG_PROMPT_TOKENS, max_tokens=4, deadline_s=180)
+    verdicts = []
+    try:
+        vllm.wait_until(lambda p: p.value(RUNNING) == 1, 60, what="the long prompt running")
+        deadline = time.monotonic() + 150
+        while generation.first_token_at is None and generation.running and time.monotonic() < deadline:
+            started = time.monotonic()
+            result = hangwatch_check(vllm.url, "--interval", "2")
+            if generation.first_token_at is None or generation.first_token_at > started + 4.5:
+                verdicts.append(result)  # the whole check ran inside the prefill
+        generation.join(60)
+    finally:
+        generation.cancel()
+    assert generation.error is None, generation.error
+    assert verdicts, "the prefill ended before one whole check fitted inside it"
+    for result in verdicts:
+        assert (result["verdict"], result["probe_sent"]) == ("busy", False), result["reason"]
+        assert result["running"] == 1
+    assert any("kv_cache_usage" in r["reason"] for r in verdicts), [r["reason"] for r in verdicts]
+
+
+def test_stopped_engine_core_is_hung_and_healthy_again_after_cont(vllm):
+    with vllm.generations(4, max_tokens=20000, deadline_s=120) as load:
+        vllm.wait_until(lambda p: p.value(RUNNING) == 4, 60, what="4 running")
+        try:
+            vllm.freeze()
+            frozen = hangwatch_check(vllm.url, "--interval", "1")
+        finally:
+            vllm.thaw()
+        thawed = hangwatch_check(vllm.url, "--interval", "1")
+        assert not load.errors(), load.errors()
+    assert (frozen["verdict"], frozen["exit_code"], frozen["probe_sent"]) == ("hung", 1, False), frozen["reason"]
+    assert frozen["readings"] == 3
+    assert (thawed["verdict"], thawed["exit_code"]) == ("busy", 0), thawed["reason"]
+
+
+def test_stopped_engine_core_with_nothing_in_flight_fails_its_probe_twice(vllm):
+    try:
+        vllm.freeze()
+        result = hangwatch_check(vllm.url, "--interval", "1", "--timeout", "3")
+    finally:
+        vllm.thaw()
+    assert (result["verdict"], result["exit_code"]) == ("hung", 1), result["reason"]
+    assert result["in_flight"] == 0 and "probe failed 2 times" in result["reason"]
+    vllm.wait_idle(60)  # the two probes finish after the thaw
+
+
+def test_restart_is_restarted_and_counters_are_not_compared(real_vllm):
+    """Runs last: a full stop (SIGTERM) and start on the same port."""
+    import requests
+    real_vllm.thaw()
+    real_vllm.wait_idle(60)
+    session = requests.Session()
+    before = observe_backend(session, real_vllm.url, timeout=5)
+    real_vllm.restart()
+    after = observe_backend(session, real_vllm.url, timeout=5)
+    assert after.reading.process_start > before.reading.process_start
+    verdict = judge([before, after])
+    assert (verdict.state, verdict.exit_code) == ("restarted", 0), verdict.reason
+    assert "start time" in verdict.reason
+    assert hangwatch_check(real_vllm.url, "--interval", "1")["verdict"] == "idle"
