@@ -107,8 +107,8 @@ LLAMACPP = EngineMetrics(
     gauges={"kv_cache_usage": ("llamacpp:kv_cache_usage_ratio",)},
     process_start=(),  # llama-server exports no start time: a restart shows as counters going back
     progress=("steps", "prompt_tokens", "generation_tokens", "kv_cache_usage"),
-    # One llama_decode() call is one step: a 4096-token prompt batch on a 2-core CPU took
-    # ≈ 11 s with nothing at all moving (measured: tests/real_llamacpp). 30 s covers it with
+    # One llama_decode() call is one step: a 3,900-token prompt batch on a 2-core CPU took
+    # 8-11 s with nothing at all moving (measured: tests/real_llamacpp). 30 s covers it with
     # margin; slower hardware or bigger -b/-ub needs a larger --grace.
     min_grace=30.0,
     prefill=("n_decode_total steps once per llama_decode() batch (-b, default 2048 tokens): "

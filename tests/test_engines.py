@@ -357,3 +357,45 @@ def test_every_engine_says_where_it_was_verified():
     assert ENGINES_BY_NAME["llamacpp"].verified.startswith("real server:")
     assert ENGINES_BY_NAME["sglang"].verified.startswith("documents only:")
     assert ENGINES_BY_NAME["tgi"].verified.startswith("documents only:")
+
+
+# --------------------------------------------------------------------------------------------
+# The exporter: the same normalized series for every engine, the engine as a label
+
+
+@pytest.fixture
+def backend():
+    from tests.support.pages import PageServer
+    server = PageServer()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("engine, page, absent", [
+    ("llamacpp", captured("busy-4-slots-2-deferred.prom"),
+     ("hangwatch_process_start_time_seconds", "hangwatch_prefix_cache_queries_total",
+      "hangwatch_requests_finished_total", "hangwatch_kv_cache_usage_ratio")),
+    ("sglang", sglang_page(), ("hangwatch_process_start_time_seconds", "hangwatch_prefix_cache_queries_total")),
+    ("tgi", tgi_page(), ("hangwatch_process_start_time_seconds", "hangwatch_kv_cache_usage_ratio",
+                         "hangwatch_prefix_cache_queries_total")),
+])
+def test_exporter_series_are_normalized_for_every_engine(backend, engine, page, absent):
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from exporter.collector import BackendCollector
+    from tests.support.pages import Page
+
+    backend.pages["/metrics"] = Page(page.encode())
+    registry = CollectorRegistry()
+    registry.register(BackendCollector(backend.url, "backend", 5.0))
+    series = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+    names = {name for name, _ in series}
+    assert series[("hangwatch_requests_in_flight", ())] == 6
+    assert "hangwatch_engine_steps_total" in names
+    assert not any(name.startswith("hangwatch_probe_") for name in names)  # busy: never probed
+    assert not names & set(absent), names & set(absent)  # left out, not faked
+    info = [dict(labels) for name, labels in series if name == "hangwatch_backend_info"]
+    assert info and info[0]["engine"] == engine
+    assert ("POST", "/v1/completions") not in backend.requests
