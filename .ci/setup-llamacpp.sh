@@ -54,8 +54,12 @@ else
         mv "$root" "$SRC"
         rm -rf "$DIR/unpack" "$DIR/sdist"
     fi
+    generator=()  # Ninja when the machine has it (not part of the base image); else make
+    if [ ! -f "$SRC/build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+        generator=(-G Ninja)
+    fi
     log "cmake configure (native CPU, no OpenSSL, no web UI download, server only)"
-    nice -n 10 cmake -S "$SRC" -B "$SRC/build" -G Ninja \
+    nice -n 10 cmake -S "$SRC" -B "$SRC/build" "${generator[@]}" \
         -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
     log "building llama-server with -j$JOBS under nice (≈ 6.5 min on 2 cores)"
