@@ -70,6 +70,10 @@ else
 fi
 
 if [ ! -s "$MODEL" ]; then
+    if ! "$PYTHON" -c 'import numpy, tqdm, yaml' >/dev/null 2>&1; then
+        log "pip install what the tree's gguf-py needs (numpy, tqdm, pyyaml)"
+        "$PYTHON" -m pip install -q 'numpy>=2.2.6' tqdm pyyaml
+    fi
     log "writing random-weight model $MODEL"
     mkdir -p "$(dirname "$MODEL")"
     PYTHONPATH="$SRC/gguf-py${PYTHONPATH:+:$PYTHONPATH}" nice -n 10 "$PYTHON" "$HERE/../tests/real_llamacpp/gguf_model.py" \
