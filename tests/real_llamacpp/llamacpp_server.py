@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,6 +128,8 @@ class LlamaServer:
                 self.proc.kill()
                 self.proc.wait(10)
         self.proc = None
+        if not os.environ.get("HANGWATCH_KEEP_LOGS"):
+            shutil.rmtree(self.logdir, ignore_errors=True)
 
     def freeze(self) -> None:
         """kill -STOP: every thread stops; connections are accepted and never answered."""
