@@ -110,7 +110,8 @@ def observe_worker(session: requests.Session, base_url: str, *, timeout: float,
                            scrape_seconds=fetched.elapsed)
     probe = None
     if allow_probe and reading.in_flight == 0:
-        probe = send_worker_probe(session, base_url, probe_timeout or timeout)
+        # Without a probe_timeout the probe gets what is left of the budget (as observe_backend).
+        probe = send_worker_probe(session, base_url, probe_timeout or max(0.1, timeout - fetched.elapsed))
     return Observation(taken_at, ANSWERED, reading=reading, probe=probe, scrape_seconds=fetched.elapsed)
 
 
@@ -127,7 +128,8 @@ def observe_controller(session: requests.Session, base_url: str, *, timeout: flo
     if fetched.status != OK or _json(fetched) != "success":
         return Observation(taken_at, BLIND, error="/test_connection did not answer \"success\" (not a FastChat "
                                                   "controller?)", scrape_seconds=fetched.elapsed)
-    fetched = request(session, "POST", base_url + "/list_models", timeout=timeout, max_bytes=_MAX_ANSWER)
+    fetched = request(session, "POST", base_url + "/list_models", timeout=max(0.1, timeout - fetched.elapsed),
+                      max_bytes=_MAX_ANSWER)
     elapsed = time.monotonic() - started
     failed = _not_answered(taken_at, fetched, "/list_models")
     if failed is not None:

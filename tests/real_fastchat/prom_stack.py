@@ -16,18 +16,23 @@ import requests
 import yaml
 
 from tests.e2e.stack import TOKEN, Process, Receiver, _wait_http, free_port, load_retime, wait_until
-from tests.rules.test_fleet_rules import recording_rules
 
 REPO = Path(__file__).resolve().parents[2]
-SCRAPE = 3.0   # seconds: a budget of 2.5 s per scrape, half of it for the idle probe
+# Seconds. A silent target holds its scrape for the whole budget (scrape_timeout - 0.5 s), and
+# its sample counts only once the scrape ends: a budget of 1.5 s of a 4 s interval keeps
+# "twice in a row" visible for most of each interval.
+SCRAPE = 4.0
+SCRAPE_TIMEOUT = 2.0
 
 
 class FleetStack:
     def __init__(self, workdir: Path, fleet, vllm_url: str, *, hook_url: str | None = None,
-                 token_file: Path | None = None, worker_containers: dict | None = None):
+                 token_file: Path | None = None, worker_containers: dict | None = None,
+                 url_overrides: dict | None = None):
         self.workdir, self.fleet, self.vllm_url = workdir, fleet, vllm_url
         self.hook_url, self.token_file = hook_url, token_file
         self.worker_containers = worker_containers or {}
+        self.url_overrides = url_overrides or {}
         self.processes: list[Process] = []
         self.receiver = Receiver()
         self.retime = load_retime()
@@ -66,7 +71,7 @@ class FleetStack:
 
     # -- configs derived from the examples ----------------------------------------------------
     def rule_files(self) -> list[Path]:
-        sources = [recording_rules(self.workdir), REPO / "rules" / "hangwatch-alerts.yml",
+        sources = [REPO / "rules" / "hangwatch-recording.yml", REPO / "rules" / "hangwatch-alerts.yml",
                    REPO / "rules" / "hangwatch-fleet.yml"]
         paths = []
         for source in sources:
@@ -80,7 +85,7 @@ class FleetStack:
         urls = {"vllm-a": self.vllm_url, "fc-controller": self.fleet.controller.url, "fc-api": self.fleet.api.url}
         for i, worker in enumerate(self.fleet.workers[:2]):
             urls[f"fc-worker-{i}"] = worker.url
-        return urls
+        return {**urls, **self.url_overrides}
 
     def prometheus_config(self) -> dict:
         config = yaml.safe_load((REPO / "examples" / "fleet" / "prometheus.yml").read_text())
@@ -90,7 +95,8 @@ class FleetStack:
         config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{self.am_port}"]}]
         urls = self.urls()
         for job in config["scrape_configs"]:
-            job["scrape_interval"] = job["scrape_timeout"] = interval
+            job["scrape_interval"] = interval
+            job["scrape_timeout"] = self.retime.format_duration(SCRAPE_TIMEOUT)
             if job["job_name"] == "hangwatch":
                 for group in job["static_configs"]:
                     name = group["labels"]["target"]
