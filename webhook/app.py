@@ -24,7 +24,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from .config import ConfigError, load_config, load_token, Config
-from .decide import SKIP, Decider, EngineError, Job
+from .decide import REASONS, SKIP, Decider, EngineError, Job
 from .ledger import Ledger
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .payload import BadPayload, parse_payload
@@ -63,6 +63,7 @@ def create_app(config: Config, *, token: str, docker_client, clock=time.time, re
     ledger = ledger or Ledger(config.state_dir)
     holder: dict = {}
     metrics = WebhookMetrics(lambda: holder["decider"].circuit_open(), lambda: holder["worker"].in_progress())
+    metrics.preset([target.name for target in config.targets], REASONS)
     decider = Decider(config, docker_client=docker_client, clock=clock, rechecker=rechecker, ledger=ledger,
                       metrics=metrics, dry_run=config.dry_run if dry_run is None else dry_run, replica=replica)
     worker = Worker(decider.run)

@@ -51,5 +51,13 @@ class WebhookMetrics:
                                 ["target", "result"], registry=self.registry)
         self.registry.register(_StateCollector(circuit_open, jobs))
 
+    def preset(self, targets, reasons, restart_reasons=("hung",)) -> None:
+        """Create every series at 0, so rate(), increase() and annotations see the first event."""
+        for reason in reasons:
+            self.decisions.labels("restart" if reason in restart_reasons else "skip", reason)
+        for target in targets:
+            for result in ("ok", "failed"):
+                self.restarts.labels(target, result)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

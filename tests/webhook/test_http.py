@@ -84,3 +84,15 @@ def test_unknown_routes_and_methods_are_4xx(harness):
     h = harness()
     assert h.client.get("/alerts").status_code == 405
     assert h.client.get("/nope").status_code == 404
+
+
+def test_every_decision_and_restart_series_exists_at_zero_from_the_start(harness):
+    """rate() and Grafana annotations need a series before its first event."""
+    from webhook.decide import REASONS
+    metrics = harness().client.get("/metrics").text
+    for reason in REASONS:
+        action = "restart" if reason == "hung" else "skip"
+        assert f'hangwatch_webhook_decisions_total{{action="{action}",reason="{reason}"}} 0.0' in metrics
+    for target in ("vllm-a", "vllm-b"):
+        for result in ("ok", "failed"):
+            assert f'hangwatch_webhook_restarts_total{{result="{result}",target="{target}"}} 0.0' in metrics
