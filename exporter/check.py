@@ -17,7 +17,7 @@ import requests
 
 from .modules import OBSERVERS, observer_for
 from .observe import Observation
-from .verdict import Verdict, judge
+from .verdict import Verdict, judge, min_grace
 
 MODULES = tuple(OBSERVERS)
 
@@ -65,7 +65,6 @@ def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: 
     """Observe ``url`` until the verdict is settled (at most a few intervals)."""
     observe = observer_for(module)
     session = session or requests.Session()
-    max_readings = 4 + math.ceil(grace / interval) if interval > 0 else 4
     observations: list[Observation] = []
     while True:
         observation = observe(session, url, timeout=timeout, probe_timeout=timeout, engine=engine, clock=clock)
@@ -73,6 +72,13 @@ def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: 
         verdict = judge(observations, grace=grace)
         if on_observation:
             on_observation(observation, verdict)
-        if verdict.settled or len(observations) >= max_readings:
+        if verdict.settled or len(observations) >= _max_readings(observations, interval, grace):
             return CheckResult(verdict, module, tuple(observations))
         sleep(interval)
+
+
+def _max_readings(observations, interval: float, grace: float) -> int:
+    """Enough readings for two intervals plus the grace — the caller's or the engine's own."""
+    engine = next((o.reading.engine for o in observations if o.reading is not None), None)
+    longest = max(grace, min_grace(engine) if engine else 0.0)
+    return 4 + math.ceil(longest / interval)

@@ -120,3 +120,34 @@ def test_bad_command_line_is_one_line_and_exit_64(args):
     done = run_cli(*args)
     assert done.returncode == 64
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+LLAMACPP_BUSY = """\
+# TYPE llamacpp:n_decode_total counter
+llamacpp:n_decode_total 77
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 100
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 300
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 2
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 0
+"""
+
+
+def test_a_stuck_engine_with_a_long_minimum_grace_is_still_called_hung(server):
+    """The check keeps reading until the engine's own grace (llama.cpp: one long batch) passed."""
+    from exporter.verdict import min_grace
+    server.pages["/metrics"] = Page(LLAMACPP_BUSY.encode())
+    ticks = []
+
+    def fake_clock():
+        return float(len(ticks))
+
+    def fake_sleep(seconds):
+        ticks.extend([0] * int(seconds))
+
+    result = check(server.url, interval=5, timeout=1, clock=fake_clock, sleep=fake_sleep)
+    assert result.verdict.state == "hung", result.verdict.reason
+    assert len(result.observations) - 1 >= min_grace("llamacpp") / 5
