@@ -50,7 +50,7 @@ def _series_name(name: str, extra: dict | None = None, base: dict | None = None)
     return name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
-def samples_at(step: Step, module: str) -> dict[str, float]:
+def samples_at(step: Step, module: str, engine: str = "vllm") -> dict[str, float]:
     """The series (with labels) Prometheus stores for this step's scrape, and their values."""
     if step.status == "absent":
         return {}
@@ -66,6 +66,7 @@ def samples_at(step: Step, module: str) -> dict[str, float]:
     if step.status != "ok":
         return out
     v = step.values
+    out[_series_name("hangwatch_backend_info", {"engine": engine, "module": module, "models": "", "version": ""})] = 1
     out[_series_name("hangwatch_requests_running")] = v["running"]
     out[_series_name("hangwatch_requests_waiting")] = v["waiting"]
     out[_series_name("hangwatch_requests_in_flight")] = step.in_flight
@@ -83,7 +84,7 @@ def _number(value: float) -> str:
 
 
 def input_series(scenario: Scenario) -> list[dict]:
-    per_step = [samples_at(step, scenario.module) for step in scenario.steps]
+    per_step = [samples_at(step, scenario.module, scenario.engine) for step in scenario.steps]
     names = sorted({name for samples in per_step for name in samples})
     series = []
     for name in names:

@@ -97,3 +97,23 @@ def test_retimed_rules_pass_promtool(tmp_path):
         (tmp_path / path.name).write_text(retime.retime_text(path.read_text(), 1.0, all_durations=True))
     result = _run(promtool, "check", "rules", *map(str, sorted(tmp_path.glob("*.yml"))))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grace_rule_is_generated_from_the_engine_table():
+    """The PromQL grace windows and exporter/verdict.py read the same min_grace values."""
+    from exporter.engines import ENGINES
+    retime = load_retime()
+    text = RULE_FILES[0].read_text()
+    start, end = text.index(retime.GRACE_BEGIN), text.index(retime.GRACE_END) + len(retime.GRACE_END)
+    assert text[start:end] == retime.grace_rule_text(), "run: python rules/retime.py --regen-grace rules/hangwatch-recording.yml"
+    for engine in ENGINES:
+        marker = f'engine="{engine.name}"'
+        assert (marker in text[start:end]) == (engine.min_grace > 0), engine.name
+
+
+def test_grace_windows_stay_wall_clock_when_retimed():
+    retime = load_retime()
+    fast = retime.retime_text(RULE_FILES[0].read_text(), 3.0)
+    assert "changes(hangwatch_engine_steps_total[33s])" in fast     # llama.cpp: 30 s grace + one 3 s scrape
+    assert "changes(hangwatch_engine_steps_total[48s])" in fast     # SGLang: 45 s + 3 s
+    assert "changes(hangwatch_engine_steps_total[9s])" in fast      # everything else: three scrapes
