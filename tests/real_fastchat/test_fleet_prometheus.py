@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,13 @@ from tests.support.require import require_binary
 pytestmark = pytest.mark.real
 
 HUNG = "HangwatchBackendHung"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "fleets.md"
+
+
+def panel_queries() -> list[str]:
+    """The fleet panel's PromQL, as docs/fleets.md gives it to the dashboard."""
+    block = re.search(r"```promql\n(.*?)```", DOCS.read_text(), re.S).group(1)
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
 MEMBERS = ("vllm-a", "fc-worker-0", "fc-worker-1", "fc-controller", "fc-api")
 
 
@@ -50,6 +58,12 @@ def test_one_config_shows_every_member_and_never_hurts_a_busy_worker(stack, flee
     wait_until(lambda: stack.by_target("target:hangwatch_dispatch_unroutable:bool") == {
         "vllm-a": 0, "fc-worker-0": 0, "fc-worker-1": 0}, 10, "dispatch series for the three members", interval=0.2)
     assert stack.by_target("hangwatch_fleet_models_registered") == {"fc-controller": 1, "fc-api": 1}
+    # Every query of the dashboard's fleet panel returns data on these real series.
+    queries = panel_queries()
+    assert len(queries) == 9
+    for expr in queries:
+        wait_until(lambda: stack.query(expr), 30, f"data for the panel query {expr}", interval=0.5)
+    assert {s["metric"]["target"] for s in stack.query(queries[0])} == set(MEMBERS)
 
     # Busy: a long generation on worker 0 for several scrapes.
     worker = fleet.workers[0]

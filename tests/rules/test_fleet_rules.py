@@ -305,3 +305,19 @@ def test_a_busy_fastchat_worker_is_never_hung_however_long(tmp_path):
     alert_tests = [{"eval_time": at(step), "alertname": "HangwatchBackendHung", "exp_alerts": []}
                    for step in range(steps)]
     check(run_promtool(tmp_path, "shipped_busy_unverified", series, alert_tests=alert_tests))
+
+
+def test_every_fleet_alert_is_for_people_with_a_runbook_section():
+    docs = (ROOT / "docs" / "fleets.md").read_text()
+    anchors = {re.sub(r"[^a-z0-9 -]", "", line[3:].strip().lower()).replace(" ", "-")
+               for line in docs.splitlines() if line.startswith("## ")}
+    for group in yaml.safe_load(FLEET.read_text())["groups"]:
+        for rule in group["rules"]:
+            if "alert" not in rule:
+                continue
+            name = rule["alert"]
+            assert "for" in rule and rule["labels"]["severity"] in ("critical", "warning"), name
+            assert "action" not in rule["labels"], f"{name}: only HangwatchBackendHung restarts"
+            assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
+            url = rule["annotations"]["runbook_url"]
+            assert url.startswith("docs/fleets.md#") and url.split("#", 1)[1] in anchors, name
