@@ -52,7 +52,7 @@ def server():
     s.stop()
 
 
-def observe(module, url, session=None, timeout=1.0):
+def observe(module, url, session=None, timeout=5.0):
     return OBSERVERS[module](session or requests.Session(), url, timeout=timeout, probe_timeout=timeout,
                              engine=None, clock=lambda: 0.0)
 

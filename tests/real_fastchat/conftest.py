@@ -1,4 +1,4 @@
-"""The real-FastChat tier: one FastChat deployment (controller, two workers, API server) per session.
+"""The real-FastChat tier: one FastChat deployment (controller, two workers, API server) for the package's tests.
 
 The venv and the tiny model come from ``.ci/setup-fastchat.sh`` (``HANGWATCH_FASTCHAT_VENV``,
 ``HANGWATCH_FASTCHAT_MODEL``). Missing: a failure in CI, a skip elsewhere.
@@ -9,7 +9,7 @@ from tests.real_fastchat import fleet as fleet_mod
 from tests.support.require import require
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fastchat_fleet():
     """A started :class:`tests.real_fastchat.fleet.Fleet`; stopped by PID (thawed first) at the end."""
     require(fleet_mod.venv_usable(), f"FastChat venv at {fleet_mod.venv_path()} (make it with .ci/setup-fastchat.sh)")
