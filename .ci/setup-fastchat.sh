@@ -61,6 +61,8 @@ else
     quiet_pip install "${pip_args[@]}" "${PINS[0]}"
     log "pip install ${PINS[1]}"
     quiet_pip install "${pip_args[@]}" "${PINS[0]}" "${PINS[1]}"
+    # pip then warns that typer (left from fschat's unpinned fastapi) wants pydantic 2:
+    # nothing here imports typer.
     log "pip install ${PINS[*]:2}"
     quiet_pip install "${pip_args[@]}" "${PINS[@]}"
     if ! venv_ok; then
