@@ -174,25 +174,28 @@ class Fleet:
                  "controller answers /test_connection")
         return self.controller
 
-    def start_worker(self, wait: bool = True, port: int | None = None) -> Server:
+    def start_worker(self, wait: bool = True, port: int | None = None, model_name: str = MODEL_NAME,
+                     register: bool = True) -> Server:
         port = port or free_port()
         worker = self._start(f"worker{len(self.workers)}", "fastchat.serve.model_worker", [
             "--host", "127.0.0.1", "--port", str(port), "--worker-address", f"http://127.0.0.1:{port}",
             "--controller-address", self.controller.url, "--model-path", model_path(),
-            "--model-names", MODEL_NAME, "--device", "cpu", "--stream-interval", "1",
+            "--model-names", model_name, "--device", "cpu", "--stream-interval", "1",
+            *([] if register else ["--no-register"]),
         ], port)
         self.workers.append(worker)
         if wait:
-            self.wait_worker_ready(worker)
+            self.wait_worker_ready(worker, registered=register)
         return worker
 
-    def wait_worker_ready(self, worker: Server, timeout: float = 120) -> None:
+    def wait_worker_ready(self, worker: Server, timeout: float = 120, registered: bool = True) -> None:
         def ready():
             if not worker.alive():
                 raise RuntimeError(f"{worker.role} exited: {worker.log()[-2000:]}")
             return requests.post(worker.url + "/worker_get_status", timeout=2).ok
         wait_for(ready, timeout, f"{worker.role} answers /worker_get_status", step=0.3)
-        wait_for(lambda: worker.url in self.controller.log(), timeout, f"{worker.role} registered")
+        if registered:
+            wait_for(lambda: worker.url in self.controller.log(), timeout, f"{worker.role} registered")
 
     def start_api(self) -> Server:
         port = free_port()

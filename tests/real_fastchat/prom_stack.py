@@ -28,11 +28,12 @@ SCRAPE_TIMEOUT = 2.0
 class FleetStack:
     def __init__(self, workdir: Path, fleet, vllm_url: str, *, hook_url: str | None = None,
                  token_file: Path | None = None, worker_containers: dict | None = None,
-                 url_overrides: dict | None = None):
+                 url_overrides: dict | None = None, extra_targets: list | None = None):
         self.workdir, self.fleet, self.vllm_url = workdir, fleet, vllm_url
         self.hook_url, self.token_file = hook_url, token_file
         self.worker_containers = worker_containers or {}
         self.url_overrides = url_overrides or {}
+        self.extra_targets = extra_targets or []   # static target groups added to the example's
         self.processes: list[Process] = []
         self.receiver = Receiver()
         self.retime = load_retime()
@@ -103,6 +104,7 @@ class FleetStack:
                     group["targets"] = [urls[name]]
                     if name in self.worker_containers:
                         group["labels"]["container"] = self.worker_containers[name]
+                job["static_configs"] += self.extra_targets
                 for relabel in job["relabel_configs"]:
                     if relabel.get("target_label") == "__address__":
                         relabel["replacement"] = f"127.0.0.1:{self.exporter_port}"

@@ -111,3 +111,31 @@ def test_frozen_worker_is_hung_unroutable_and_raises_the_one_restart_alert(stack
     finally:
         worker.thaw()
     stack.wait_states({"fc-worker-1": "idle"}, timeout=60)
+
+
+def test_a_worker_serving_a_model_its_controller_does_not_list_is_a_warning(fleet, tmp_path):
+    """A worker that serves but never reaches its controller (here: --no-register)."""
+    require_binary("prometheus")
+    require_binary("prometheus-alertmanager")
+    stray = fleet.start_worker(model_name="other", register=False)
+    sim = Simulator()
+    sim.start(port=0)
+    extra = [{"targets": [stray.url], "labels": {"target": "fc-worker-2", "container": "fc-worker-2",
+                                                 "fleet": "fastchat", "__param_module": "fastchat_worker"}}]
+    stack = FleetStack(tmp_path, fleet, sim.url, extra_targets=extra)
+    try:
+        stack.start()
+        stack.wait_states({"fc-worker-2": "idle", "fc-controller": "idle"}, timeout=90)
+        dropped = wait_until(lambda: stack.receiver.alerts("/people", "HangwatchFleetMemberDropped"), 90,
+                             "the dropped-member warning for people")
+        labels = dropped[0][1]["labels"]
+        assert (labels["target"], labels["model"], labels["severity"]) == ("fc-worker-2", "other", "warning")
+        assert "action" not in labels
+        assert {a["labels"]["target"] for _, a in stack.receiver.alerts("/people", "HangwatchFleetMemberDropped")} \
+            == {"fc-worker-2"}
+        assert not stack.receiver.alerts("/alerts"), "nothing to restart: the worker is fine"
+    finally:
+        stack.close()
+        sim.stop()
+        stray.stop()
+        fleet.workers.remove(stray)
