@@ -10,6 +10,7 @@ Standard library + ``requests`` only. Every process started here is stopped by P
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -25,6 +26,12 @@ MODEL_NAME = "tiny-vicuna"
 HEARTBEAT_INTERVAL = 2      # FASTCHAT_WORKER_HEART_BEAT_INTERVAL (default 45)
 HEARTBEAT_EXPIRATION = 6    # FASTCHAT_CONTROLLER_HEART_BEAT_EXPIRATION (default 90)
 WORKER_API_TIMEOUT = 20     # FASTCHAT_WORKER_API_TIMEOUT (default 100)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: killed when the test process dies, however it dies (SIGKILL:
+    the controller's non-daemon heartbeat thread outlives a SIGTERM'd uvicorn)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def venv_path() -> str:
@@ -163,7 +170,8 @@ class Fleet:
         log_path = os.path.join(self.workdir, f"{role}-{port}.out")
         with open(log_path, "ab") as out:
             process = subprocess.Popen([python(), "-m", module, *args], cwd=self.workdir, env=self.env(),
-                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       preexec_fn=_die_with_parent)
         return Server(role, port, process, log_path)
 
     def start_controller(self) -> Server:
