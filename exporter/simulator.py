@@ -50,7 +50,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from exporter import simulator_page, simulator_template
 
 VLLM_VERSION = "0.32.0"
-CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE_METRICS = "text/plain; version=1.0.0; charset=utf-8"  # what vLLM 0.32 answers (prometheus_client 0.26)
 STATES = ("idle", "busy", "saturated", "long_prefill", "frozen", "frozen_idle", "asleep",
           "metrics_missing", "metrics_garbage", "dead", "unresponsive")
 # The instrumentator vLLM configures ignores these handlers.
@@ -922,13 +922,13 @@ class _Handler(BaseHTTPRequestHandler):
         if chat:
             choice = {"index": 0, "message": {
                 "role": "assistant", "content": text, "refusal": None, "annotations": None,
-                "audio": None, "function_call": None, "tool_calls": [], "reasoning": None},
+                "audio": None, "function_call": None, "reasoning": None},
                 "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None,
                 "token_ids": None, "routed_experts": None}
             return {"id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion",
                     "created": created, "model": sim.model, "choices": [choice],
                     "service_tier": None, "system_fingerprint": sim.fingerprint,
-                    "usage": usage, "prompt_logprobs": None, "prompt_token_ids": None,
+                    "usage": usage, "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None,
                     "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
         choice = {"index": 0, "text": text, "logprobs": None,
                   "finish_reason": req.finish_reason, "stop_reason": None, "token_ids": None,
