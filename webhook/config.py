@@ -7,6 +7,8 @@ port is bound. The keys and defaults are DESIGN.md's "The webhook".
 """
 from __future__ import annotations
 
+from exporter.modules import NEVER_RESTARTED, OBSERVERS
+
 import os
 import re
 from dataclasses import dataclass, field
@@ -15,8 +17,9 @@ from urllib.parse import urlsplit
 import yaml
 
 TOKEN_ENV = "HANGWATCH_WEBHOOK_TOKEN"
-# module -> may it ever be restarted?  A proxy fronts many backends: restart those instead.
-MODULES = {"backend": True, "fastchat_worker": True, "proxy": False}
+# module -> may it ever be restarted?  A proxy or a FastChat front serves many backends:
+# restart those instead. The list is exporter/modules.py's, so a new module is known here too.
+MODULES = {name: name not in NEVER_RESTARTED for name in OBSERVERS}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # also used in lock file names

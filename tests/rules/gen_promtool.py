@@ -60,13 +60,14 @@ def samples_at(step: Step, module: str, engine: str = "vllm") -> dict[str, float
     answered = step.status in ("ok", "blind")
     out[_series_name("hangwatch_up")] = 1 if answered else 0
     out[_series_name("hangwatch_connection_stalled")] = 1 if step.status == "timeout" else 0
+    found = engine if step.status == "ok" and module != "proxy" else ""  # as the exporter labels it
+    out[_series_name("hangwatch_backend_info", {"engine": found, "module": module, "models": "", "version": ""})] = 1
     if module == "proxy":
         return out
     out[_series_name("hangwatch_metrics_available")] = 1 if step.status == "ok" else 0
     if step.status != "ok":
         return out
     v = step.values
-    out[_series_name("hangwatch_backend_info", {"engine": engine, "module": module, "models": "", "version": ""})] = 1
     out[_series_name("hangwatch_requests_running")] = v["running"]
     out[_series_name("hangwatch_requests_waiting")] = v["waiting"]
     out[_series_name("hangwatch_requests_in_flight")] = step.in_flight
