@@ -138,6 +138,8 @@ def _declared(page: str, family: str) -> bool:
 def parse(page: str, engine: str | None = None) -> Reading:
     """Read the normalized fields from a /metrics page; raise UnreadablePage if it can't."""
     spec = ENGINES_BY_NAME.get(engine) if engine else detect_engine(page)
+    if spec is not None and not spec.running:
+        raise UnreadablePage(f"{spec.name} has no Prometheus page to read")
     if spec is None:
         raise UnreadablePage("no known engine metrics on the page (vLLM, llama.cpp, SGLang, TGI)")
     plan = _PLANS[spec.name]

@@ -133,3 +133,8 @@ llamacpp:requests_deferred 2
 def test_engine_can_be_forced_and_unknown_page_is_never_guessed():
     with pytest.raises(UnreadablePage):
         parse(VLLM_TWO_ENGINES, engine="llamacpp")
+
+
+def test_an_engine_without_a_metrics_page_is_unreadable_not_a_crash():
+    with pytest.raises(UnreadablePage, match="fastchat has no Prometheus page"):
+        parse(VLLM_TWO_ENGINES, engine="fastchat")
