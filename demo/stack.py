@@ -30,7 +30,8 @@ import requests
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-RULES = (REPO / "rules" / "hangwatch-recording.yml", REPO / "rules" / "hangwatch-alerts.yml")
+RULES = (REPO / "rules" / "hangwatch-recording.yml", REPO / "rules" / "hangwatch-alerts.yml",
+         REPO / "rules" / "hangwatch-fleet.yml")
 EXAMPLES = REPO / "examples"
 TARGET = "vllm-sim"          # the `target` label and the webhook's target name
 CONTAINER = "vllm-sim"       # the `container` label: the stand-in container the webhook may restart

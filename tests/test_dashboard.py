@@ -165,7 +165,8 @@ def known_series() -> set[str]:
         for name in re.findall(r"[\"'](hangwatch_[a-z_]+)[\"']", source.read_text()):
             names.add(name)
             names.add(name + "_total")  # counters: prometheus_client appends _total
-    names |= set(re.findall(r"record:\s*(\S+)", RECORDING_RULES.read_text()))
+    for rules in (RECORDING_RULES, REPO / "rules" / "hangwatch-fleet.yml"):
+        names |= set(re.findall(r"record:\s*(\S+)", rules.read_text()))
     return names | {"ALERTS", "up"}
 
 

@@ -36,7 +36,7 @@ def test_rule_files_pass_promtool_check_rules():
 def test_example_prometheus_config_passes_promtool_check_config():
     result = _run(require_binary("promtool"), "check", "config", str(EXAMPLES / "prometheus.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 rule files found" in result.stdout
+    assert "3 rule files found" in result.stdout
 
 
 def test_example_alertmanager_config_passes_amtool_check_config():
