@@ -86,6 +86,11 @@ def families_for(observation: Observation, module: str, duration: float):
                          "The backend process' start time (seconds since the epoch).", reading.process_start)
         yield _gauge("hangwatch_engine_asleep", "1 if the engine is asleep (weights offloaded).",
                      1.0 if reading.asleep else 0.0)
+    if module in READS_LOAD:
+        # Present in every reading (0 when no probe was sent), so the rules can tell "failed in
+        # the last two readings" from "failed, then busy, then failed".
+        yield _gauge("hangwatch_probe_failed", "1 if this reading's idle probe was sent and failed.",
+                     1.0 if observation.probe is not None and not observation.probe.success else 0.0)
     if observation.probe is not None:
         yield _gauge("hangwatch_probe_success", "1 if the idle 1-token probe answered (sent only at idle).",
                      1.0 if observation.probe.success else 0.0)

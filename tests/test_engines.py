@@ -394,7 +394,8 @@ def test_exporter_series_are_normalized_for_every_engine(backend, engine, page, 
     names = {name for name, _ in series}
     assert series[("hangwatch_requests_in_flight", ())] == 6
     assert "hangwatch_engine_steps_total" in names
-    assert not any(name.startswith("hangwatch_probe_") for name in names)  # busy: never probed
+    assert not names & {"hangwatch_probe_success", "hangwatch_probe_duration_seconds"}  # busy: never probed
+    assert series[("hangwatch_probe_failed", ())] == 0
     assert not names & set(absent), names & set(absent)  # left out, not faked
     info = [dict(labels) for name, labels in series if name == "hangwatch_backend_info"]
     assert info and info[0]["engine"] == engine

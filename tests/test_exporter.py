@@ -55,7 +55,8 @@ def test_busy_backend_gives_normalized_series_and_no_probe(exporter, backend):
     assert got[("hangwatch_engine_tokens_total", (("kind", "prompt"),))] == 150
     assert got[("hangwatch_kv_cache_usage_ratio", ())] == 0.75
     assert got[("hangwatch_backend_info", (("engine", "vllm"), ("models", "tiny"), ("module", "backend"), ("version", "")))] == 1
-    assert not any(name.startswith("hangwatch_probe_") for name, _ in got)
+    assert not any(name in ("hangwatch_probe_success", "hangwatch_probe_duration_seconds") for name, _ in got)
+    assert got[("hangwatch_probe_failed", ())] == 0
     assert backend.requests == [("GET", "/metrics"), ("GET", "/version")]
 
 
@@ -72,8 +73,16 @@ def test_idle_backend_is_probed_inside_the_scrape(exporter, backend):
     backend.pages["/v1/models"] = Page(b'{"data":[{"id":"tiny"}]}')
     backend.pages["/v1/completions"] = Page(b'{"choices":[]}')
     got = samples(probe(exporter, backend.url).text)
-    assert got[("hangwatch_probe_success", ())] == 1
+    assert got[("hangwatch_probe_success", ())] == 1 and got[("hangwatch_probe_failed", ())] == 0
     assert ("POST", "/v1/completions") in backend.requests
+
+
+def test_failed_idle_probe_is_counted_in_every_reading(exporter, backend):
+    backend.pages["/metrics"] = Page(IDLE_PAGE.encode())
+    backend.pages["/v1/models"] = Page(b'{"data":[{"id":"tiny"}]}')
+    backend.pages["/v1/completions"] = Page(b"engine dead", 500)
+    got = samples(probe(exporter, backend.url).text)
+    assert got[("hangwatch_probe_success", ())] == 0 and got[("hangwatch_probe_failed", ())] == 1
 
 
 def test_failed_backend_is_data_not_an_error(exporter):

@@ -138,9 +138,11 @@ class Stack:
 
     TARGET = {"target": "vllm-a", "container": "vllm-a"}
 
-    def __init__(self, workdir: Path, scrape_interval: float = 1.0, simulator=None):
+    def __init__(self, workdir: Path, scrape_interval: float = 1.0, simulator=None,
+                 scrape_timeout: float | None = None):
         self.workdir = workdir
         self.scrape_interval = scrape_interval
+        self.scrape_timeout = scrape_timeout or scrape_interval
         self.processes: list[Process] = []
         self.receiver: Receiver | None = None
         self.sim = simulator
@@ -209,7 +211,8 @@ class Stack:
         config["rule_files"] = [str(p) for p in self.rule_files()]
         config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{self.am_port}"]}]
         for job in config["scrape_configs"]:
-            job["scrape_interval"] = job["scrape_timeout"] = interval
+            job["scrape_interval"] = interval
+            job["scrape_timeout"] = self.retime.format_duration(self.scrape_timeout)
             if job["job_name"] == "hangwatch":
                 job["static_configs"] = [{"targets": [self.sim.url], "labels": dict(self.TARGET)}]
                 for relabel in job["relabel_configs"]:

@@ -96,7 +96,7 @@ def run():
             response = requests.post(stack.webhook.url + "/alerts", json=alert_payload(now), timeout=5,
                                      headers={"Authorization": f"Bearer {stack.token}"})
             assert response.status_code == 200, response.text
-            wait_until(lambda: stack.query('hangwatch_webhook_decisions_total{action="skip"}'),
+            wait_until(lambda: stack.query('hangwatch_webhook_decisions_total{action="skip",reason="recheck_busy"} > 0'),
                        30, "Prometheus to scrape the webhook's skip decision")
             time.sleep(2 * SCRAPE)
         except BaseException:

@@ -78,7 +78,8 @@ def test_four_busy_slots_and_two_deferred_are_busy_and_never_probed(llamacpp):
     assert (reading.running, reading.waiting) == (4, 2)
     series = exporter_scrape(llamacpp.url)
     assert series[("hangwatch_requests_in_flight", ())] >= 5
-    assert not any(name.startswith("hangwatch_probe_") for name, _ in series)
+    assert not any(name in ("hangwatch_probe_success", "hangwatch_probe_duration_seconds") for name, _ in series)
+    assert series[("hangwatch_probe_failed", ())] == 0
     assert info_engine(series) == "llamacpp"
     load.wait(300)
     assert not load.errors, load.errors
@@ -143,7 +144,8 @@ def test_one_long_prompt_batch_is_busy_not_hung(llamacpp):
     assert all(v.state == "busy" for v in verdicts), [v.reason for v in verdicts]
     assert any("grace" in v.reason for v in verdicts[:len(silent)]), [v.reason for v in verdicts]
     assert series[("hangwatch_requests_in_flight", ())] == 1
-    assert not any(name.startswith("hangwatch_probe_") for name, _ in series)
+    assert not any(name in ("hangwatch_probe_success", "hangwatch_probe_duration_seconds") for name, _ in series)
+    assert series[("hangwatch_probe_failed", ())] == 0
     assert llamacpp.tasks_launched() - tasks == 1  # the prompt itself, no probe
 
     # The measured fact behind the grace: the longest stretch with the prompt in flight and

@@ -65,6 +65,7 @@ def samples_at(step: Step, module: str, engine: str = "vllm") -> dict[str, float
     if module == "proxy":
         return out
     out[_series_name("hangwatch_metrics_available")] = 1 if step.status == "ok" else 0
+    out[_series_name("hangwatch_probe_failed")] = 1 if step.probe is False else 0
     if step.status != "ok":
         return out
     v = step.values
