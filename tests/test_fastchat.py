@@ -240,8 +240,9 @@ def test_exporter_series_for_a_busy_worker(exporter, server):  # noqa: F811
                                            ("module", "fastchat_worker"), ("version", "")))] == 1
     # No progress counter is faked, and nothing but the status was asked.
     faked = ("hangwatch_engine_steps", "hangwatch_engine_tokens", "hangwatch_prefix_cache", "hangwatch_requests_finished",
-             "hangwatch_kv_cache", "hangwatch_probe_")
+             "hangwatch_kv_cache", "hangwatch_probe_success", "hangwatch_probe_duration")
     assert not any(name.startswith(faked) for name, _ in got)
+    assert got[("hangwatch_probe_failed", ())] == 0  # busy: no probe sent, so none failed
     assert server.requests == [("POST", "/worker_get_status")]
 
 
