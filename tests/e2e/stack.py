@@ -133,6 +133,29 @@ def _wait_http(process: Process, url: str, timeout: float = 20.0):
     wait_until(ready, timeout, f"{process.name} at {url}")
 
 
+def start_alertmanager(spawn, workdir: Path, config: dict, port: int) -> Process:
+    """A real Alertmanager (no cluster port) on ``port``, ready."""
+    path = workdir / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    process = spawn("alertmanager", [
+        shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
+        f"--config.file={path}", f"--storage.path={workdir / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="])
+    _wait_http(process, f"http://127.0.0.1:{port}/-/ready")
+    return process
+
+
+def start_prometheus(spawn, workdir: Path, config: dict, port: int) -> Process:
+    """A real Prometheus on ``port`` with ``config``, ready."""
+    path = workdir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    process = spawn("prometheus", [
+        shutil.which("prometheus") or "prometheus", f"--config.file={path}",
+        f"--storage.tsdb.path={workdir / 'prom-data'}", f"--web.listen-address=127.0.0.1:{port}"])
+    _wait_http(process, f"http://127.0.0.1:{port}/-/ready")
+    return process
+
+
 class Stack:
     """Simulator (in-process) → exporter → Prometheus → Alertmanager → Receiver."""
 
@@ -171,20 +194,8 @@ class Stack:
         self.exporter = self._spawn("exporter", [self._hangwatch(), "exporter", "--listen",
                                                  f"127.0.0.1:{self.exporter_port}", "--config", str(exporter_config)])
         _wait_http(self.exporter, f"http://127.0.0.1:{self.exporter_port}/metrics")
-        am_config = self.workdir / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(self.alertmanager_config(), sort_keys=False))
-        self.alertmanager = self._spawn("alertmanager", [
-            shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
-            f"--config.file={am_config}", f"--storage.path={self.workdir / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{self.am_port}", "--cluster.listen-address="])
-        _wait_http(self.alertmanager, f"http://127.0.0.1:{self.am_port}/-/ready")
-        prom_config = self.workdir / "prometheus.yml"
-        prom_config.write_text(yaml.safe_dump(self.prometheus_config(), sort_keys=False))
-        self.prometheus = self._spawn("prometheus", [
-            shutil.which("prometheus") or "prometheus", f"--config.file={prom_config}",
-            f"--storage.tsdb.path={self.workdir / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{self.prom_port}"])
-        _wait_http(self.prometheus, f"http://127.0.0.1:{self.prom_port}/-/ready")
+        self.alertmanager = start_alertmanager(self._spawn, self.workdir, self.alertmanager_config(), self.am_port)
+        self.prometheus = start_prometheus(self._spawn, self.workdir, self.prometheus_config(), self.prom_port)
 
     def _hangwatch(self) -> str:
         candidate = Path(sys.executable).with_name("hangwatch")

@@ -15,7 +15,8 @@ from pathlib import Path
 import requests
 import yaml
 
-from tests.e2e.stack import TOKEN, Process, Receiver, _wait_http, free_port, load_retime, wait_until
+from tests.e2e.stack import (TOKEN, Process, Receiver, _wait_http, free_port, load_retime, start_alertmanager,
+                             start_prometheus, wait_until)
 
 REPO = Path(__file__).resolve().parents[2]
 # Seconds. A silent target holds its scrape for the whole budget (scrape_timeout - 0.5 s), and
@@ -46,20 +47,9 @@ class FleetStack:
             self.exporter = self._spawn("exporter", [hangwatch, "exporter", "--listen",
                                                      f"127.0.0.1:{self.exporter_port}"])
             _wait_http(self.exporter, f"http://127.0.0.1:{self.exporter_port}/metrics")
-            am_config = self.workdir / "alertmanager.yml"
-            am_config.write_text(yaml.safe_dump(self.alertmanager_config(), sort_keys=False))
-            self.alertmanager = self._spawn("alertmanager", [
-                shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
-                f"--config.file={am_config}", f"--storage.path={self.workdir / 'am-data'}",
-                f"--web.listen-address=127.0.0.1:{self.am_port}", "--cluster.listen-address="])
-            _wait_http(self.alertmanager, f"http://127.0.0.1:{self.am_port}/-/ready")
-            prom_config = self.workdir / "prometheus.yml"
-            prom_config.write_text(yaml.safe_dump(self.prometheus_config(), sort_keys=False))
-            self.prometheus = self._spawn("prometheus", [
-                shutil.which("prometheus") or "prometheus", f"--config.file={prom_config}",
-                f"--storage.tsdb.path={self.workdir / 'prom-data'}",
-                f"--web.listen-address=127.0.0.1:{self.prom_port}"])
-            _wait_http(self.prometheus, f"http://127.0.0.1:{self.prom_port}/-/ready")
+            self.alertmanager = start_alertmanager(self._spawn, self.workdir, self.alertmanager_config(),
+                                                   self.am_port)
+            self.prometheus = start_prometheus(self._spawn, self.workdir, self.prometheus_config(), self.prom_port)
         except BaseException:
             self.close()
             raise
