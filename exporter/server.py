@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 
 from .collector import BackendCollector
+from .httpserver import QuietThreadingHTTPServer
 from .config import ConfigError, ExporterConfig, http_url, load_exporter_config
 from .modules import OBSERVERS
 
@@ -105,9 +106,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def make_server(listen: str, config: ExporterConfig) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(parse_listen(listen), make_handler(config))
-    server.daemon_threads = True
-    return server
+    return QuietThreadingHTTPServer(parse_listen(listen), make_handler(config))
 
 
 def main(args) -> int:

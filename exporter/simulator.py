@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from exporter import simulator_page, simulator_template
+from exporter.httpserver import QuietThreadingHTTPServer
 
 VLLM_VERSION = "0.32.0"
 CONTENT_TYPE_METRICS = "text/plain; version=1.0.0; charset=utf-8"  # what vLLM 0.32 answers (prometheus_client 0.26)
@@ -743,8 +744,7 @@ def _error(message: str, code: int, kind: str, param=None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(QuietThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 

@@ -160,3 +160,21 @@ def test_bad_config_file_fails_before_binding(tmp_path):
     done = subprocess.run([sys.executable, "-m", "exporter.cli", "exporter", "--config", str(bad),
                            "--listen", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "allow_target: unknown key" in done.stderr
+
+
+def test_a_client_hanging_up_is_not_an_error(capsys):
+    from exporter.httpserver import QuietThreadingHTTPServer
+    server = QuietThreadingHTTPServer(("127.0.0.1", 0), object)
+    try:
+        try:
+            raise BrokenPipeError(32, "Broken pipe")
+        except BrokenPipeError:
+            server.handle_error(None, ("127.0.0.1", 1))
+        try:
+            raise ValueError("a real bug")
+        except ValueError:
+            server.handle_error(None, ("127.0.0.1", 1))
+    finally:
+        server.server_close()
+    err = capsys.readouterr().err
+    assert "BrokenPipeError" not in err and "a real bug" in err
