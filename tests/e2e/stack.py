@@ -169,6 +169,7 @@ class Stack:
         self.processes: list[Process] = []
         self.receiver: Receiver | None = None
         self.sim = simulator
+        self._own_sim = simulator is None  # a backend handed in (a real vLLM) is not ours to stop
         self.retime = load_retime()
 
     # -- start -----------------------------------------------------------------------------
@@ -290,7 +291,7 @@ class Stack:
         self.processes.clear()
         if self.receiver is not None:
             self.receiver.close()
-        if self.sim is not None:
+        if self.sim is not None and self._own_sim:
             self.sim.stop()
 
     def logs(self) -> str:
