@@ -8,19 +8,9 @@ import requests
 
 from exporter.simulator import Simulator
 from tests.real.vllm_server import MODEL_NAME
+from tests.test_simulator import _keys as keys  # the JSON key paths the capture tests compare
 
 pytestmark = pytest.mark.real
-
-
-def keys(obj, path=""):
-    out = set()
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            out.add(f"{path}.{key}")
-            out |= keys(value, f"{path}.{key}")
-    elif isinstance(obj, list) and obj:
-        out |= keys(obj[0], path + "[]")
-    return out
 
 
 @pytest.fixture
