@@ -4,6 +4,9 @@ Real Prometheus (the shipped rules retimed to a 3 s scrape by rules/retime.py) s
 real `hangwatch exporter`, which reads the session's real vLLM; real Alertmanager routes the
 restart alert to a recording receiver. Busy: no alert, no probe (vLLM's own counters).
 EngineCore stopped with work in flight: exactly one HangwatchBackendHung notification.
+
+The file name sorts it last in tests/real: after this freeze the CPU vLLM answered slowly for
+a while in one CI run, which the timing-sensitive fact tests must not see.
 """
 import time
 
