@@ -4,8 +4,10 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY hangwatch ./hangwatch
 COPY exporter ./exporter
 COPY webhook ./webhook
+COPY simulator ./simulator
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from exporter.reading import parse  # noqa: E402
+from hangwatch.reading import parse  # noqa: E402
 
 PAGES = sorted((ROOT / "tests" / "data").glob("*/*.prom"))
 

@@ -22,9 +22,10 @@ from datetime import datetime, timezone
 import requests
 from docker.errors import NotFound
 
-from webhook.app import create_app, parse_listen
-from webhook.config import ConfigError, load_config, load_token
-from webhook.ledger import Ledger
+from hangwatch.settings import listen_address as parse_listen
+from hangwatch.webhook.app import create_app
+from hangwatch.webhook.config import ConfigError, load_config, load_token
+from hangwatch.webhook.ledger import Ledger
 
 
 class SimulatorContainer:

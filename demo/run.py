@@ -110,7 +110,7 @@ class StandIn(threading.Thread):
         self.firing: list[dict] = []
 
     def run(self) -> None:
-        from exporter.check import check
+        from hangwatch.check import check
         while not self.stop.is_set() and not self.sent:
             if self.stack.prometheus:
                 self.firing = [a for a in self.stack.alerts()

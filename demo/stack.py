@@ -161,12 +161,12 @@ class Stack:
         env = dict(os.environ, PYTHONUNBUFFERED="1", HANGWATCH_LOG_LEVEL="info")
         sim_port, exp_port, wh_port = free_port(), free_port(), free_port()
         self.simulator = self._part("simulator", sim_port, "/health", [
-            py, "-m", "exporter.simulator", "--listen", f"127.0.0.1:{sim_port}"]).start(env)
+            py, "-m", "hangwatch.simulator", "--listen", f"127.0.0.1:{sim_port}"]).start(env)
         self.simulator.wait_ready()
 
         (self.dir / "exporter.yml").write_text(yaml.safe_dump({"allow_targets": [self.simulator.url]}))
         self.exporter = self._part("exporter", exp_port, "/metrics", [
-            py, "-m", "exporter.cli", "exporter", "--listen", f"127.0.0.1:{exp_port}",
+            py, "-m", "hangwatch", "exporter", "--listen", f"127.0.0.1:{exp_port}",
             "--config", str(self.dir / "exporter.yml")]).start(env)
 
         token_file = self.dir / "hangwatch-token"

@@ -62,10 +62,10 @@ async def serve(host: str, port: int, simulator: subprocess.Popen) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--listen", default="0.0.0.0:8000", help="HOST:PORT on the compose network")
-    parser.add_argument("simulator_args", nargs="*", help="passed to python -m exporter.simulator (after --)")
+    parser.add_argument("simulator_args", nargs="*", help="passed to python -m hangwatch.simulator (after --)")
     args = parser.parse_args()
     host, _, port = args.listen.rpartition(":")
-    simulator = subprocess.Popen([sys.executable, "-m", "exporter.simulator", "--listen", f"{BACKEND[0]}:{BACKEND[1]}",
+    simulator = subprocess.Popen([sys.executable, "-m", "hangwatch.simulator", "--listen", f"{BACKEND[0]}:{BACKEND[1]}",
                                   *args.simulator_args])
     return asyncio.run(serve(host, int(port), simulator))
 

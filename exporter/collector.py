@@ -35,11 +35,10 @@ from dataclasses import replace
 import requests
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .fetch import TIMEOUT
-from .engines import ENGINES_BY_NAME
-from .fetch import OK, request
-from .modules import READS_LOAD, observer_for
-from .observe import Observation
+from hangwatch.engines import ENGINES_BY_NAME
+from hangwatch.fetch import OK, TIMEOUT, request
+from hangwatch.modules import READS_LOAD, observer_for
+from hangwatch.observe import Observation
 
 _COUNTERS = (
     ("steps", "hangwatch_engine_steps", "Engine iterations (the engine's heartbeat)."),

@@ -16,9 +16,11 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 
 from .collector import BackendCollector
-from .httpserver import QuietThreadingHTTPServer
-from .config import ConfigError, ExporterConfig, http_url, load_exporter_config
-from .modules import OBSERVERS
+from hangwatch.httpserver import QuietThreadingHTTPServer
+from hangwatch.modules import OBSERVERS
+from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
+
+from .config import ExporterConfig, load_exporter_config
 
 log = logging.getLogger("hangwatch.exporter")
 
@@ -98,15 +100,8 @@ def make_handler(config: ExporterConfig):
     return Handler
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"--listen: expected HOST:PORT, got {text!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 def make_server(listen: str, config: ExporterConfig) -> ThreadingHTTPServer:
-    return QuietThreadingHTTPServer(parse_listen(listen), make_handler(config))
+    return QuietThreadingHTTPServer(listen_address(listen), make_handler(config))
 
 
 def main(args) -> int:
@@ -116,10 +111,10 @@ def main(args) -> int:
         server = make_server(args.listen, config)
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch exporter: {exc}\n")
-        return 2
+        return EXIT_CONFIG
     except OSError as exc:
         sys.stderr.write(f"hangwatch exporter: cannot listen on {args.listen}: {exc.strerror}\n")
-        return 2
+        return EXIT_CONFIG
     host, port = server.server_address[:2]
     log.info("listening on http://%s:%s (allow_targets: %s)", host, port,
              ", ".join(config.allow_targets) or "any")

@@ -9,7 +9,7 @@ and are kept, unless ``--all`` is given (the end-to-end tests shrink everything)
 Only range selectors, ``for:`` and ``interval:`` are rewritten; comments are left alone.
 
 One exception: a line marked ``# hangwatch:grace=30s`` holds an engine's minimum grace (one
-engine step can take that long, see exporter/engines.py), which is wall-clock: its windows
+engine step can take that long, see hangwatch/engines.py), which is wall-clock: its windows
 become that grace plus one scrape interval (the grace scales too only with ``--all``). That
 rule is generated from the engine table (``--regen-grace FILE`` rewrites it in place).
 
@@ -29,7 +29,7 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = r"(?P<n>\d+)(?P<unit>ms|s|m|h)"
 _RANGE = re.compile(r"\[" + _DURATION + r"\]")
 _GRACE = re.compile(r"#\s*hangwatch:grace=" + _DURATION)
-GRACE_BEGIN = "      # --- BEGIN generated from exporter/engines.py (min_grace): rules/retime.py --regen-grace\n"
+GRACE_BEGIN = "      # --- BEGIN generated from hangwatch/engines.py (min_grace): rules/retime.py --regen-grace\n"
 GRACE_END = "      # --- END generated\n"
 _KEYED = re.compile(r"^(?P<key>\s*(?:for|interval):\s*)" + _DURATION + r"\s*$")
 
@@ -91,12 +91,12 @@ def grace_rule_text(engines=None) -> str:
     """The recording rule for engines whose one step can outlast two scrapes, from the table."""
     if engines is None:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from exporter.engines import ENGINES as engines
+        from hangwatch.engines import ENGINES as engines
     slow = [engine for engine in engines if engine.min_grace > 0]
     lines = [GRACE_BEGIN,
              "      # Engines whose one step can take longer than two scrapes (llama.cpp: one prompt\n",
              "      # batch moves nothing for seconds): no progress must also hold for the engine's\n",
-             "      # minimum grace, as in exporter/verdict.py. The window is the grace plus one scrape.\n",
+             "      # minimum grace, as in hangwatch/verdict.py. The window is the grace plus one scrape.\n",
              "      - record: target:hangwatch_engine_progress:changes_grace\n",
              "        expr: |\n"]
     for i, engine in enumerate(slow):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from exporter.check import check
+from hangwatch.check import check
 from tests.support.pages import Page, PageServer, closed_port
 from tests.test_reading import VLLM_TWO_ENGINES
 
@@ -88,7 +88,7 @@ def test_busy_server_is_never_probed(server):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "exporter.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "hangwatch", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_cli_json_prints_exactly_one_object(server):
@@ -138,7 +138,7 @@ llamacpp:requests_deferred 0
 
 def test_a_stuck_engine_with_a_long_minimum_grace_is_still_called_hung(server):
     """The check keeps reading until the engine's own grace (llama.cpp: one long batch) passed."""
-    from exporter.verdict import min_grace
+    from hangwatch.verdict import min_grace
     server.pages["/metrics"] = Page(LLAMACPP_BUSY.encode())
     ticks = []
 

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from exporter.check import check
-from exporter.simulator import Simulator
+from hangwatch.check import check
+from hangwatch.simulator import Simulator
 
 
 @pytest.fixture
@@ -119,7 +119,7 @@ def test_asleep_engine_is_idle_and_not_probed(sim):
 def test_command_line_on_a_busy_simulator(sim):
     sim.set_state("busy", n=4)
     assert sim.wait_for(lambda: sim.running == 4)
-    done = subprocess.run([sys.executable, "-m", "exporter.cli", "check", sim.url, "--json", "--interval", "0.4"],
+    done = subprocess.run([sys.executable, "-m", "hangwatch", "check", sim.url, "--json", "--interval", "0.4"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.config import load_exporter_config
+from hangwatch.exporter.config import load_exporter_config
 from tests.support.require import require_binary
-from webhook.config import load_config as load_webhook_config
+from hangwatch.webhook.config import load_config as load_webhook_config
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser
-from exporter.config import ConfigError as ExporterConfigError
-from exporter.config import ExporterConfig, duration, exporter_config
-from webhook.config import Budget, Config, Recheck, Target, parse_config
-from webhook.config import ConfigError as WebhookConfigError
+from hangwatch.cli import build_parser
+from hangwatch.exporter.config import ConfigError as ExporterConfigError
+from hangwatch.exporter.config import ExporterConfig, duration, exporter_config
+from hangwatch.webhook.config import Budget, Config, Recheck, Target, parse_config
+from hangwatch.webhook.config import ConfigError as WebhookConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = (REPO / "docs" / "configuration.md").read_text()
@@ -152,7 +152,7 @@ def help_flags(main) -> set[str]:
 
 
 def test_simulator_flags_are_documented_both_ways():
-    from exporter.simulator import main
+    from hangwatch.simulator import main
     assert set(rows("`hangwatch simulate")) == help_flags(main)
     assert set(subcommands()) == {"check", "exporter", "webhook", "simulate"}
 

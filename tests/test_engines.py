@@ -8,7 +8,7 @@ no ``_total`` suffix, series absent until first set). Neither engine can run on 
 machines, so these pages are documents, not captures. The llama.cpp pages are real: captured
 from llama-server 11434 (``tests/data/llamacpp/README.md``).
 
-The engine table in docs/engines.md is generated from ``exporter/engines.py`` and checked
+The engine table in docs/engines.md is generated from ``hangwatch/engines.py`` and checked
 here; ``HANGWATCH_REGEN_DOCS=1 pytest tests/test_engines.py`` rewrites it (review the diff).
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from exporter.engines import ENGINES, ENGINES_BY_NAME, detect_engine
-from exporter.observe import Observation
-from exporter.reading import Reading, UnreadablePage, parse
-from exporter.verdict import judge
+from hangwatch.engines import ENGINES, ENGINES_BY_NAME, detect_engine
+from hangwatch.observe import Observation
+from hangwatch.reading import Reading, UnreadablePage, parse
+from hangwatch.verdict import judge
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "llamacpp"
@@ -295,7 +295,7 @@ def render_engine_table() -> str:
 
 
 def render_verdict_table() -> str:
-    """What each verdict rests on, per engine (the rules of exporter/verdict.py, with each
+    """What each verdict rests on, per engine (the rules of hangwatch/verdict.py, with each
     engine's own series filled in)."""
     def progress(e):
         names = []
@@ -327,9 +327,9 @@ def render_verdict_table() -> str:
     return "\n".join(out)
 
 
-BEGIN = "<!-- BEGIN engine table: generated from exporter/engines.py (tests/test_engines.py) -->"
+BEGIN = "<!-- BEGIN engine table: generated from hangwatch/engines.py (tests/test_engines.py) -->"
 END = "<!-- END engine table -->"
-VERDICTS_BEGIN = "<!-- BEGIN verdict table: generated from exporter/engines.py (tests/test_engines.py) -->"
+VERDICTS_BEGIN = "<!-- BEGIN verdict table: generated from hangwatch/engines.py (tests/test_engines.py) -->"
 VERDICTS_END = "<!-- END verdict table -->"
 
 
@@ -383,7 +383,7 @@ def test_exporter_series_are_normalized_for_every_engine(backend, engine, page, 
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from exporter.collector import BackendCollector
+    from hangwatch.exporter.collector import BackendCollector
     from tests.support.pages import Page
 
     backend.pages["/metrics"] = Page(page.encode())

@@ -13,10 +13,10 @@ import sys
 import pytest
 import requests
 
-from exporter import fastchat
-from exporter.check import MODULES, check
-from exporter.engines import ENGINES, ENGINES_BY_NAME
-from exporter.modules import NEVER_RESTARTED, OBSERVERS, READS_LOAD
+from hangwatch import fastchat
+from hangwatch.check import MODULES, check
+from hangwatch.engines import ENGINES, ENGINES_BY_NAME
+from hangwatch.modules import NEVER_RESTARTED, OBSERVERS, READS_LOAD
 from tests.support.pages import Page, PageServer, closed_port
 from tests.test_exporter import exporter, probe, samples  # noqa: F401  (fixture)
 
@@ -259,7 +259,7 @@ def test_exporter_series_for_a_controller(exporter, server):  # noqa: F811
 
 def test_cli_checks_a_worker_with_json(server):
     server.pages["/worker_get_status"] = Page(STATUS_BUSY, content_type=JSON)
-    done = subprocess.run([sys.executable, "-m", "exporter.cli", "check", server.url, "--module", "fastchat_worker",
+    done = subprocess.run([sys.executable, "-m", "hangwatch", "check", server.url, "--module", "fastchat_worker",
                            "--json", "--interval", "0.1"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)

@@ -1,7 +1,7 @@
 """The page → Reading normalization, on hand-made pages in each engine's documented shape."""
 import pytest
 
-from exporter.reading import UnreadablePage, parse
+from hangwatch.reading import UnreadablePage, parse
 
 VLLM_TWO_ENGINES = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.reading import parse
+from hangwatch.reading import parse
 
 CAPTURES = pathlib.Path(__file__).parent / "data" / "vllm-0.32"
 PAGES = sorted(CAPTURES.glob("*.prom"))

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from exporter.simulator import CONTENT_TYPE_METRICS, Simulator, main  # noqa: F401
+from hangwatch.simulator import CONTENT_TYPE_METRICS, Simulator, main  # noqa: F401
 from tests.sim_fixtures import CAPTURES, sample, scrape, shape, vllm_lines, wait_until
 
 # capture file -> (simulator state, state parameters, multiprocess)
@@ -429,7 +429,7 @@ def _free_port() -> int:
 
 def test_command_line_serves_and_is_driven_over_http():
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter.simulator", "--listen",
+    proc = subprocess.Popen([sys.executable, "-m", "hangwatch.simulator", "--listen",
                              f"127.0.0.1:{port}", "--model", "demo", "--scenario", "busy"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

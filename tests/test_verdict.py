@@ -1,8 +1,8 @@
 """The truth table as a pure function: observations over time → one verdict."""
-from exporter.observe import Observation
-from exporter.probe import ProbeResult
-from exporter.reading import Reading
-from exporter.verdict import judge
+from hangwatch.observe import Observation
+from hangwatch.probe import ProbeResult
+from hangwatch.reading import Reading
+from hangwatch.verdict import judge
 
 START = 1_764_468_000.0
 

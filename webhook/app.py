@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from .config import ConfigError, load_config, load_token, Config
+from hangwatch.settings import ConfigError, listen_address
+
+from .config import Config, load_config, load_token
 from .decide import REASONS, SKIP, Decider, EngineError, Job
 from .ledger import Ledger
 from .metrics import CONTENT_TYPE, WebhookMetrics
@@ -59,7 +61,7 @@ def create_app(config: Config, *, token: str, docker_client, clock=time.time, re
                dry_run: bool | None = None, ledger: Ledger | None = None, replica: str | None = None,
                engine_deadline: float = ENGINE_DEADLINE) -> Flask:
     if rechecker is None:
-        from exporter.check import check as rechecker
+        from hangwatch.check import check as rechecker
     ledger = ledger or Ledger(config.state_dir)
     holder: dict = {}
     metrics = WebhookMetrics(lambda: holder["decider"].circuit_open(), lambda: holder["worker"].in_progress())
@@ -186,14 +188,6 @@ class LazyDocker:
             return self._client.containers
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--listen: {text!r} is not HOST:PORT")
-    return host, int(port)
-
-
 def main(args) -> int:
     level = os.environ.get("HANGWATCH_LOG_LEVEL", "info").upper()
     logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
@@ -202,7 +196,7 @@ def main(args) -> int:
     try:
         config = load_config(args.config)
         token = load_token(config)
-        host, port = parse_listen(args.listen)
+        host, port = listen_address(args.listen)
         try:
             ledger = Ledger(config.state_dir)
         except OSError as exc:

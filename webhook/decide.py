@@ -3,7 +3,7 @@
 The alert is only a hint. A restart needs all of: the container exists, runs, and has not
 been (re)started since the alert began; the target is out of its cooldown and inside its
 restart budget; and the webhook's *own* re-check of the backend (the verdict core in
-``exporter.check``) says ``hung``. The final checks and the restart run under a file lock
+``hangwatch.check``) says ``hung``. The final checks and the restart run under a file lock
 per target, after re-reading the ledger, so two replicas sharing a state_dir and a Docker
 engine restart once. Every outcome is one log line, one ledger line, one counter.
 """

@@ -183,7 +183,7 @@ class Stack:
 
     def _start(self):
         if self.sim is None:
-            from exporter.simulator import Simulator
+            from hangwatch.simulator import Simulator
             self.sim = Simulator()
             self.sim.start(port=0)
         self.receiver = Receiver()

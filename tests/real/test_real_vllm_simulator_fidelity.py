@@ -6,7 +6,7 @@ with the live server, so a drift in either shows up in CI.
 import pytest
 import requests
 
-from exporter.simulator import Simulator
+from hangwatch.simulator import Simulator
 from tests.real.vllm_server import MODEL_NAME
 from tests.test_simulator import _keys as keys  # the JSON key paths the capture tests compare
 

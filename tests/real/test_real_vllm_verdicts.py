@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from exporter.observe import observe_backend
-from exporter.verdict import judge
+from hangwatch.observe import observe_backend
+from hangwatch.verdict import judge
 from tests.real.vllm_server import LONG_PROMPT_TOKENS
 
 pytestmark = pytest.mark.real
@@ -25,7 +25,7 @@ RUNNING = "vllm:num_requests_running"
 
 
 def hangwatch_check(url, *args, timeout_s=120):
-    done = subprocess.run([sys.executable, "-m", "exporter.cli", "check", url, "--json", *args],
+    done = subprocess.run([sys.executable, "-m", "hangwatch", "check", url, "--json", *args],
                           capture_output=True, text=True, timeout=timeout_s)
     assert done.stdout.count("\n") == 1, (done.stdout, done.stderr)
     result = json.loads(done.stdout)

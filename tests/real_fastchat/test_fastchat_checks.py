@@ -12,10 +12,10 @@ import time
 import pytest
 import requests
 
-from exporter import fastchat
-from exporter.check import check
-from exporter.modules import observer_for
-from exporter.verdict import judge
+from hangwatch import fastchat
+from hangwatch.check import check
+from hangwatch.modules import observer_for
+from hangwatch.verdict import judge
 from tests.real_fastchat.fleet import MODEL_NAME, generate_stream, wait_for
 
 pytestmark = pytest.mark.real

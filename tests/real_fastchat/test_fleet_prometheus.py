@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.simulator import Simulator
+from hangwatch.simulator import Simulator
 from tests.e2e.stack import wait_until
 from tests.real_fastchat.prom_stack import SCRAPE, FleetStack
 from tests.real_fastchat.test_fastchat_checks import PROBE_LINE, Load

@@ -20,9 +20,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.check import check
-from exporter.verdict import judge
-from exporter.collector import BackendCollector
+from hangwatch.check import check
+from hangwatch.verdict import judge
+from hangwatch.exporter.collector import BackendCollector
 from tests.real_llamacpp.llamacpp_server import metric
 
 pytestmark = pytest.mark.real
@@ -217,7 +217,7 @@ def test_refused_connection_is_down():
 
 def test_cli_reports_the_engine_and_exit_code(llamacpp):
     """`hangwatch check URL --json` (what a HEALTHCHECK runs) on the idle server."""
-    answer = subprocess.run([sys.executable, "-m", "exporter.cli", "check", llamacpp.url, "--json",
+    answer = subprocess.run([sys.executable, "-m", "hangwatch", "check", llamacpp.url, "--json",
                              "--interval", "1"], capture_output=True, text=True, timeout=60)
     assert answer.returncode == 0, answer.stderr
     verdict = json.loads(answer.stdout)

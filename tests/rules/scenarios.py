@@ -2,7 +2,7 @@
 
 A scenario is a backend's readings over time, one step per scrape (the shipped rules assume
 a 15 s scrape interval), with the verdict expected after each step and the alerts expected
-to be firing. ``test_truth_table_python`` feeds the steps to ``exporter.verdict.judge``;
+to be firing. ``test_truth_table_python`` feeds the steps to ``hangwatch.verdict.judge``;
 ``gen_promtool`` turns the same steps into ``promtool test rules`` files.
 
 Step fields (see tests/scenarios/README.md for the full format):

@@ -100,8 +100,8 @@ def test_retimed_rules_pass_promtool(tmp_path):
 
 
 def test_grace_rule_is_generated_from_the_engine_table():
-    """The PromQL grace windows and exporter/verdict.py read the same min_grace values."""
-    from exporter.engines import ENGINES
+    """The PromQL grace windows and hangwatch/verdict.py read the same min_grace values."""
+    from hangwatch.engines import ENGINES
     retime = load_retime()
     text = RULE_FILES[0].read_text()
     start, end = text.index(retime.GRACE_BEGIN), text.index(retime.GRACE_END) + len(retime.GRACE_END)

@@ -1,4 +1,4 @@
-"""The truth table, engine one: every scenario step through ``exporter.verdict.judge``.
+"""The truth table, engine one: every scenario step through ``hangwatch.verdict.judge``.
 
 The same scenarios feed the promtool tests (``test_truth_table_promtool``), so the Python
 verdict and the Prometheus rules cannot drift apart.
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.observe import Observation
-from exporter.probe import ProbeResult
-from exporter.reading import Reading
-from exporter.verdict import judge
+from hangwatch.observe import Observation
+from hangwatch.probe import ProbeResult
+from hangwatch.reading import Reading
+from hangwatch.verdict import judge
 
 from .scenarios import Scenario, Step, load_all
 

@@ -1,7 +1,7 @@
 import pytest
 
-from webhook.app import create_app
-from webhook.config import parse_config
+from hangwatch.webhook.app import create_app
+from hangwatch.webhook.config import parse_config
 
 from .real_parts import backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 from .fakes import TOKEN, FakeClock, FakeDocker, FakeRechecker, alert, iso

@@ -12,10 +12,10 @@ from datetime import datetime, timezone
 import requests
 from docker.errors import NotFound
 
-from exporter.check import CheckResult
-from exporter.observe import Observation
-from exporter.reading import Reading
-from exporter.verdict import Verdict
+from hangwatch.check import CheckResult
+from hangwatch.observe import Observation
+from hangwatch.reading import Reading
+from hangwatch.verdict import Verdict
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 

@@ -191,7 +191,7 @@ class WebhookProcess:
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "exporter.cli", "webhook", "--config", str(config), "--listen",
+            [sys.executable, "-m", "hangwatch", "webhook", "--config", str(config), "--listen",
              f"127.0.0.1:{self.port}", *extra], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
         wait_for(lambda: self.process.poll() is not None or answers(self.url + "/healthz"), 20, "webhook /healthz")
         assert self.process.poll() is None, self.log()

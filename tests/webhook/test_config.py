@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from webhook.config import ConfigError, load_config, load_token, parse_config, parse_duration
+from hangwatch.settings import duration as parse_duration
+from hangwatch.webhook.config import ConfigError, load_config, load_token, parse_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOOD_TARGET = "  - {name: vllm-a, container: vllm-a, url: 'http://127.0.0.1:8000'}\n"
@@ -113,7 +114,7 @@ def test_bad_config_exits_non_zero_naming_the_key_before_binding(tmp_path):
     path = tmp_path / "webhook.yml"
     path.write_text("targets:\n" + GOOD_TARGET + "  - {name: b, contanier: b, url: 'http://127.0.0.1:1'}\n")
     env = dict(os.environ, HANGWATCH_WEBHOOK_TOKEN="t0ken")
-    done = subprocess.run([sys.executable, "-m", "exporter.cli", "webhook", "--config", str(path),
+    done = subprocess.run([sys.executable, "-m", "hangwatch", "webhook", "--config", str(path),
                            "--listen", f"127.0.0.1:{port}"], capture_output=True, text=True, env=env, timeout=30)
     holder.close()
     assert done.returncode != 0

@@ -88,7 +88,7 @@ def test_unknown_routes_and_methods_are_4xx(harness):
 
 def test_every_decision_and_restart_series_exists_at_zero_from_the_start(harness):
     """rate() and Grafana annotations need a series before its first event."""
-    from webhook.decide import REASONS
+    from hangwatch.webhook.decide import REASONS
     metrics = harness().client.get("/metrics").text
     for reason in REASONS:
         action = "restart" if reason == "hung" else "skip"

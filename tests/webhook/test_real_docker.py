@@ -1,6 +1,6 @@
 """The webhook against a real Docker engine and real containers running a fake vLLM.
 
-The re-check is the real verdict core (``exporter.check.check``) reading the container's
+The re-check is the real verdict core (``hangwatch.check.check``) reading the container's
 /metrics over loopback; the restarts are real ``docker restart``s, counted from Docker's own
 event stream. Decisions exercised: restart (hung), already_restarted (re-sent alert),
 duplicate (coalesced), recheck_busy, circuit_open, two replica processes → one restart,
@@ -13,8 +13,8 @@ import docker
 import pytest
 import requests
 
-from webhook.app import create_app
-from webhook.config import load_config, load_token
+from hangwatch.webhook.app import create_app
+from hangwatch.webhook.config import load_config, load_token
 
 from .fakes import payload, alert, iso
 from .real_parts import WebhookProcess, alert_body, ledger, wait_for, webhook_config

@@ -184,7 +184,7 @@ TGI = EngineMetrics(
     },
 )
 
-# A FastChat model worker has no /metrics page: exporter/fastchat.py reads its JSON
+# A FastChat model worker has no /metrics page: hangwatch/fastchat.py reads its JSON
 # /worker_get_status (queue_length = running + waiting). It has no progress counter at all,
 # so a worker with work queued is "busy, unverified" and never hung on that basis. It is not
 # in ENGINES: no page is ever detected as FastChat, and no page is parsed as one.

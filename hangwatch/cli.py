@@ -109,16 +109,16 @@ def _usage(message: str) -> SystemExit:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["simulate"]:  # everything after it belongs to the simulator's own parser
-        from .simulator import main as simulator_main
+        from hangwatch.simulator import main as simulator_main
         return simulator_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     if args.command == "check":
         return run_check(args)
     if args.command == "exporter":
-        from .server import main as exporter_main
+        from hangwatch.exporter.server import main as exporter_main
         return exporter_main(args)
     if args.command == "webhook":
-        from webhook.app import main as webhook_main
+        from hangwatch.webhook.app import main as webhook_main
         return webhook_main(args)
     return EXIT_USAGE
 

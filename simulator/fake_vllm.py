@@ -27,7 +27,7 @@ In tests::
     requests.get(sim.url + "/metrics")
     sim.stop()
 
-As a process: ``python -m exporter.simulator --listen 127.0.0.1:8000 --scenario busy-then-hang``;
+As a process: ``python -m hangwatch.simulator --listen 127.0.0.1:8000 --scenario busy-then-hang``;
 ``POST /_sim/state {"state": "frozen"}`` drives a running one (not a vLLM endpoint).
 """
 from __future__ import annotations
@@ -47,8 +47,10 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from exporter import simulator_page, simulator_template
-from exporter.httpserver import QuietThreadingHTTPServer
+from hangwatch.httpserver import QuietThreadingHTTPServer
+from hangwatch.settings import ConfigError, listen_address
+
+from . import page as simulator_page
 
 VLLM_VERSION = "0.32.0"
 CONTENT_TYPE_METRICS = "text/plain; version=1.0.0; charset=utf-8"  # what vLLM 0.32 answers (prometheus_client 0.26)
@@ -476,9 +478,7 @@ class Simulator:
         self.multiprocess = multiprocess
         self.host = host
         self.clock = clock or Clock(manual=manual_clock)
-        self.families = simulator_page.parse_template(
-            simulator_template.MULTIPROCESS if multiprocess and simulator_template.MULTIPROCESS
-            else simulator_template.SINGLE)
+        self.families = simulator_page.parse_template(simulator_page.template(multiprocess))
         for fam in self.families:
             fam.created = fam.created or (fam.dynamic and not multiprocess)
         self._bounds = {f.name: f.bounds for f in self.families if f.type == "histogram"}
@@ -980,15 +980,17 @@ def run_scenario(sim: Simulator, steps: list[dict], stop: threading.Event,
 
 
 def _parse_listen(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
+    try:
+        host, port = listen_address(value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise argparse.ArgumentTypeError("the simulator listens on loopback only")
-    return host, int(port)
+    return host, port
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exporter.simulator",
+    parser = argparse.ArgumentParser(prog="python -m hangwatch.simulator",
                                      description="A fake vLLM 0.32 server for tests and demos.")
     parser.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 8000),
                         help="loopback HOST:PORT (default 127.0.0.1:8000)")
