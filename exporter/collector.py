@@ -14,6 +14,8 @@ Sample output for a busy vLLM::
     hangwatch_requests_running 4.0
     hangwatch_requests_waiting 0.0
     hangwatch_requests_in_flight 4.0
+    hangwatch_requests_schedulable 4.0
+    hangwatch_requests_deferred 0.0
     hangwatch_engine_steps_total 5123.0
     hangwatch_engine_tokens_total{kind="prompt"} 812.0
     hangwatch_engine_tokens_total{kind="generation"} 20480.0
@@ -22,23 +24,21 @@ Sample output for a busy vLLM::
     hangwatch_kv_cache_usage_ratio 0.031
     hangwatch_process_start_time_seconds 1.7644e+09
     hangwatch_engine_asleep 0.0
+    hangwatch_probe_failed 0.0
+    hangwatch_probe_rejected 0.0
     hangwatch_model_served{model="tiny"} 1.0
     hangwatch_scrape_duration_seconds 0.0021
     hangwatch_backend_info{engine="vllm",models="tiny",module="backend",version="0.32.0"} 1.0
 """
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import replace
 
-import requests
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from hangwatch.engines import ENGINES_BY_NAME
-from hangwatch.fetch import OK, TIMEOUT, request
-from hangwatch.modules import READS_LOAD, observer_for
-from hangwatch.observe import Observation
+from hangwatch.fetch import Client, Deadline
+from hangwatch.modules import module as module_named
+from hangwatch.observation import TIMEOUT, Observation, Options
 
 _COUNTERS = (
     ("steps", "hangwatch_engine_steps", "Engine iterations (the engine's heartbeat)."),
@@ -60,13 +60,21 @@ def families_for(observation: Observation, module: str, duration: float):
                  "1 if the connection was accepted but no answer came within the budget.",
                  1.0 if observation.status == TIMEOUT else 0.0)
     reading = observation.reading
-    if module in READS_LOAD:
+    reads_load = module_named(module).reads_load
+    if reads_load:
         yield _gauge("hangwatch_metrics_available", "1 if the backend's /metrics gave a usable reading.",
                      1.0 if reading is not None else 0.0)
     if reading is not None:
         yield _gauge("hangwatch_requests_running", "Requests the engine is processing.", reading.running)
         yield _gauge("hangwatch_requests_waiting", "Requests queued in the engine.", reading.waiting)
         yield _gauge("hangwatch_requests_in_flight", "Running plus waiting requests.", reading.in_flight)
+        yield _gauge("hangwatch_requests_schedulable",
+                     "Requests in flight the engine itself can work on (in flight minus deferred).",
+                     reading.schedulable)
+        if reading.deferred is not None:
+            yield _gauge("hangwatch_requests_deferred",
+                         "Waiting requests the engine defers on something outside it (a KV transfer, a LoRA "
+                         "budget).", reading.deferred)
         for field, name, doc in _COUNTERS:
             if getattr(reading, field) is not None:
                 yield CounterMetricFamily(name, doc, value=getattr(reading, field))
@@ -85,11 +93,16 @@ def families_for(observation: Observation, module: str, duration: float):
                          "The backend process' start time (seconds since the epoch).", reading.process_start)
         yield _gauge("hangwatch_engine_asleep", "1 if the engine is asleep (weights offloaded).",
                      1.0 if reading.asleep else 0.0)
-    if module in READS_LOAD:
+    if reads_load:
         # Present in every reading (0 when no probe was sent), so the rules can tell "failed in
-        # the last two readings" from "failed, then busy, then failed".
-        yield _gauge("hangwatch_probe_failed", "1 if this reading's idle probe was sent and failed.",
-                     1.0 if observation.probe is not None and not observation.probe.success else 0.0)
+        # the last two readings" from "failed, then busy, then failed". Only a failed probe (no
+        # answer in time, broken, 5xx) can count toward hung; a rejected one (4xx) never does.
+        probe = observation.probe
+        yield _gauge("hangwatch_probe_failed", "1 if this reading's idle probe was sent and failed "
+                     "(no answer in time, broken, 5xx).", 1.0 if probe is not None and probe.failed else 0.0)
+        yield _gauge("hangwatch_probe_rejected", "1 if this reading's idle probe was rejected with a 4xx "
+                     "(e.g. no API key): it proves nothing about the engine.",
+                     1.0 if probe is not None and probe.rejected else 0.0)
     if observation.probe is not None:
         yield _gauge("hangwatch_probe_success", "1 if the idle 1-token probe answered (sent only at idle).",
                      1.0 if observation.probe.success else 0.0)
@@ -129,36 +142,22 @@ def _model_families(observation: Observation):
             yield listed
 
 
-def engine_version(session: requests.Session, target: str, engine: str, timeout: float) -> str | None:
-    """The engine's version from its cheap version endpoint, for the info series only."""
-    spec = ENGINES_BY_NAME.get(engine)
-    if spec is None or spec.version_path is None:
-        return None
-    fetched = request(session, "GET", target.rstrip("/") + spec.version_path, timeout=timeout, max_bytes=4096)
-    if fetched.status != OK:
-        return None
-    try:
-        version = json.loads(fetched.body).get("version")
-    except (ValueError, AttributeError):
-        return None
-    return str(version)[:64] if version else None
-
-
 class BackendCollector:
-    """Reads one target on every ``collect()``; nothing is kept between scrapes."""
+    """Reads one target on every ``collect()``; nothing is kept between scrapes.
 
-    def __init__(self, target: str, module: str, budget: float, session: requests.Session | None = None):
-        self.target, self.module, self.budget = target, module, budget
-        self.session = session or requests.Session()
+    Everything the scrape sends — /metrics, the idle probe, /version — finishes before one
+    deadline: the scrape budget from the moment ``collect()`` starts.
+    """
+
+    def __init__(self, target: str, module: str, budget: float, options: Options = Options(),
+                 client: Client | None = None):
+        self.target, self.module, self.budget, self.options = target, module, budget, options
+        self.client = client or Client(max_idle=0)
         self.last_observation: Observation | None = None
 
     def collect(self):
         started = time.monotonic()
-        observation = observer_for(self.module)(self.session, self.target, timeout=self.budget,
-                                                probe_timeout=None, engine=None, clock=time.monotonic)
-        if observation.reading is not None:
-            version = engine_version(self.session, self.target, observation.reading.engine,
-                                     min(1.0, max(0.1, self.budget - (time.monotonic() - started))))
-            observation = replace(observation, reading=replace(observation.reading, version=version))
+        observation = module_named(self.module).observe(self.client, self.target, Deadline.after(self.budget),
+                                                        self.options)
         self.last_observation = observation
         yield from families_for(observation, self.module, time.monotonic() - started)

@@ -5,12 +5,22 @@ unknown keys, errors naming the key's path) is ``hangwatch.settings``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from hangwatch.settings import ConfigError, duration, http_url, load_yaml, mapping
+from hangwatch.observation import PROBE_AUTO, PROBE_KINDS, Options
+from hangwatch.settings import ConfigError, duration, http_url, load_yaml, mapping, secret_file, show
 
-__all__ = ["ConfigError", "ExporterConfig", "exporter_config", "load_exporter_config"]
+__all__ = ["ConfigError", "ExporterConfig", "TargetSettings", "exporter_config", "load_exporter_config"]
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """How to read one backend URL: its own API key (from a file) and what the idle probe asks."""
+
+    url: str
+    api_key: str | None = field(default=None, repr=False)  # never printed
+    probe: str | None = None  # None: the default (auto)
 
 
 @dataclass(frozen=True)
@@ -18,13 +28,38 @@ class ExporterConfig:
     timeout: float = 10.0           # budget per scrape when Prometheus does not send one
     timeout_offset: float = 0.5     # subtracted from Prometheus' scrape timeout
     allow_targets: tuple[str, ...] = ()  # empty: any target (listen on loopback then!)
+    api_key: str | None = field(default=None, repr=False)  # api_key_file: the default for every target
+    targets: tuple[TargetSettings, ...] = ()
 
     def allows(self, target: str) -> bool:
         return not self.allow_targets or target.rstrip("/") in self.allow_targets
 
+    def options_for(self, target: str, probe: str | None = None) -> Options:
+        """The API key (the target's own, else the default) and probe kind for one target URL."""
+        settings = next((t for t in self.targets if t.url == target.rstrip("/")), None)
+        api_key = settings.api_key if settings and settings.api_key else self.api_key
+        kind = probe or (settings.probe if settings and settings.probe else PROBE_AUTO)
+        return Options(api_key=api_key, probe=kind, version=True)
+
+
+def probe_kind(value: Any, path: str) -> str:
+    if value not in PROBE_KINDS:
+        raise ConfigError(f"{path}: {show(value)} is not one of {', '.join(PROBE_KINDS)}")
+    return value
+
+
+def _target_settings(raw: Any, path: str) -> TargetSettings:
+    data = mapping(raw, path, {"url", "api_key_file", "probe"}, required={"url"})
+    return TargetSettings(
+        url=http_url(data["url"], f"{path}.url", allow_path=True),
+        api_key=secret_file(data["api_key_file"], f"{path}.api_key_file") if "api_key_file" in data else None,
+        probe=probe_kind(data["probe"], f"{path}.probe") if "probe" in data else None)
+
 
 def exporter_config(data: Any) -> ExporterConfig:
-    data = mapping(data, "", {"timeout", "timeout_offset", "allow_targets"})
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"config: expected a mapping, got {show(data)}")
+    data = mapping(data, "", {"timeout", "timeout_offset", "allow_targets", "api_key_file", "targets"})
     defaults = ExporterConfig()
     timeout = defaults.timeout
     if "timeout" in data:
@@ -35,10 +70,21 @@ def exporter_config(data: Any) -> ExporterConfig:
     targets = data.get("allow_targets", [])
     if not isinstance(targets, list):
         raise ConfigError("allow_targets: expected a list of URLs")
+    settings = data.get("targets", [])
+    if not isinstance(settings, list):
+        raise ConfigError("targets: expected a list of {url, api_key_file, probe}")
+    settings = tuple(_target_settings(t, f"targets[{i}]") for i, t in enumerate(settings))
+    seen: dict[str, int] = {}
+    for i, target in enumerate(settings):
+        if target.url in seen:
+            raise ConfigError(f"targets[{i}].url: {target.url!r} is already set by targets[{seen[target.url]}]")
+        seen[target.url] = i
     return ExporterConfig(
         timeout=timeout,
         timeout_offset=offset,
         allow_targets=tuple(http_url(t, f"allow_targets[{i}]", allow_path=True) for i, t in enumerate(targets)),
+        api_key=secret_file(data["api_key_file"], "api_key_file") if "api_key_file" in data else None,
+        targets=settings,
     )
 
 

@@ -16,11 +16,17 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 
 from .collector import BackendCollector
+from hangwatch.fetch import Client
 from hangwatch.httpserver import QuietThreadingHTTPServer
-from hangwatch.modules import OBSERVERS
+from hangwatch.modules import MODULES as OBSERVERS
+from hangwatch.observation import PROBE_KINDS
 from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
 
 from .config import ExporterConfig, load_exporter_config
+
+# Keep-alive connections to the backends, shared by every scrape (the same backends are read
+# every scrape interval; a new TCP connection per scrape is wasted work on both sides).
+CLIENT = Client(max_idle=256)
 
 log = logging.getLogger("hangwatch.exporter")
 
@@ -49,11 +55,15 @@ def scrape_budget(header: str | None, config: ExporterConfig) -> float:
 def answer_probe(query: str, timeout_header: str | None, config: ExporterConfig) -> tuple[int, str, bytes]:
     params = parse_qs(query, keep_blank_values=True)
     targets, modules = params.get("target", []), params.get("module", ["backend"])
-    if len(targets) != 1 or len(modules) != 1:
-        return 400, "text/plain", b"exactly one target= (and at most one module=) is required\n"
+    probes = params.get("probe", [""])
+    if len(targets) != 1 or len(modules) != 1 or len(probes) != 1:
+        return 400, "text/plain", b"exactly one target= (and at most one module= and probe=) is required\n"
     module = modules[0] or "backend"
     if module not in OBSERVERS:
         return 400, "text/plain", f"unknown module {module!r} (known: {', '.join(OBSERVERS)})\n".encode()
+    probe = probes[0] or None
+    if probe is not None and probe not in PROBE_KINDS:
+        return 400, "text/plain", f"unknown probe {probe!r} (known: {', '.join(PROBE_KINDS)})\n".encode()
     try:
         target = http_url(targets[0], "target")
     except ConfigError as exc:
@@ -61,7 +71,8 @@ def answer_probe(query: str, timeout_header: str | None, config: ExporterConfig)
     if not config.allows(target):
         return 403, "text/plain", b"target is not in the exporter's allow_targets\n"
     registry = CollectorRegistry(auto_describe=False)
-    collector = BackendCollector(target, module, scrape_budget(timeout_header, config))
+    collector = BackendCollector(target, module, scrape_budget(timeout_header, config),
+                                 config.options_for(target, probe), CLIENT)
     registry.register(collector)
     body = generate_latest(registry)
     observation = collector.last_observation

@@ -13,13 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import requests
-
-from .modules import OBSERVERS, observer_for
-from .observe import Observation
+from .fetch import Client, Deadline
+from .modules import NAMES, module as module_named
+from .observation import PROBE_AUTO, Observation, Options
 from .verdict import Verdict, judge, min_grace
 
-MODULES = tuple(OBSERVERS)
+MODULES = NAMES
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,10 @@ class CheckResult:
         return any(o.probe is not None for o in self.observations)
 
     @property
+    def last_probe(self):
+        return next((o.probe for o in reversed(self.observations) if o.probe is not None), None)
+
+    @property
     def last_reading(self):
         return next((o.reading for o in reversed(self.observations) if o.reading is not None), None)
 
@@ -50,6 +53,8 @@ class CheckResult:
             "running": reading.running if reading else None,
             "waiting": reading.waiting if reading else None,
             "probe_sent": self.probe_sent,
+            "probe": self.last_probe.as_dict() if self.last_probe else None,
+            "deferred": reading.deferred if reading else None,
             "engine": latest.engine if latest else None,
             "models": list(latest.models) if latest else list(self.observations[-1].listed_models or ()),
             "module": self.module,
@@ -59,22 +64,33 @@ class CheckResult:
 
 
 def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: float = 5.0,
-          grace: float = 0.0, engine: str | None = None, session: requests.Session | None = None,
-          sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+          grace: float = 0.0, engine: str | None = None, api_key: str | None = None, probe: str = PROBE_AUTO,
+          client: Client | None = None, sleep: Callable[[float], None] = time.sleep,
+          clock: Callable[[], float] = time.monotonic,
           on_observation: Callable[[Observation, Verdict], None] | None = None) -> CheckResult:
-    """Observe ``url`` until the verdict is settled (at most a few intervals)."""
-    observe = observer_for(module)
-    session = session or requests.Session()
+    """Observe ``url`` until the verdict is settled (at most a few intervals).
+
+    Each reading — its /metrics, the idle probe, everything — finishes within ``timeout``
+    seconds of wall-clock time, whatever the server does.
+    """
+    observe = module_named(module).observe
+    options = Options(engine=engine, api_key=api_key, probe=probe)
+    own_client = client is None
+    client = client or Client()
     observations: list[Observation] = []
-    while True:
-        observation = observe(session, url, timeout=timeout, probe_timeout=timeout, engine=engine, clock=clock)
-        observations.append(observation)
-        verdict = judge(observations, grace=grace)
-        if on_observation:
-            on_observation(observation, verdict)
-        if verdict.settled or len(observations) >= _max_readings(observations, interval, grace):
-            return CheckResult(verdict, module, tuple(observations))
-        sleep(interval)
+    try:
+        while True:
+            observation = observe(client, url, Deadline.after(timeout), options, clock=clock)
+            observations.append(observation)
+            verdict = judge(observations, grace=grace)
+            if on_observation:
+                on_observation(observation, verdict)
+            if verdict.settled or len(observations) >= _max_readings(observations, interval, grace):
+                return CheckResult(verdict, module, tuple(observations))
+            sleep(interval)
+    finally:
+        if own_client:
+            client.close()
 
 
 def _max_readings(observations, interval: float, grace: float) -> int:

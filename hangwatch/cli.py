@@ -9,8 +9,10 @@ import json
 import sys
 
 from .check import MODULES, check
+from .observation import PROBE_AUTO, PROBE_KINDS
+from .settings import EXIT_CONFIG, ConfigError, secret_file
 
-EXIT_USAGE = 64
+EXIT_USAGE = EXIT_CONFIG
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra seconds without progress before hung (default 0: two intervals)")
     c.add_argument("--engine", choices=("vllm", "llamacpp", "sglang", "tgi"), default=None,
                    help="skip engine detection")
+    c.add_argument("--api-key-file", metavar="FILE", default=None,
+                   help="file holding the backend's own API key (vLLM --api-key), sent as a Bearer token")
+    c.add_argument("--probe", choices=PROBE_KINDS, default=PROBE_AUTO,
+                   help="what the idle probe asks: auto (default), completion, embedding, none")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("-v", "--verbose", action="store_true", help="print each reading to stderr")
 
@@ -89,11 +95,18 @@ def run_check(args) -> int:
         if args.verbose:
             reading = observation.reading
             load = f"in_flight={reading.in_flight:g}" if reading else f"status={observation.status}"
-            sys.stderr.write(f"reading {load} probe={'yes' if observation.probe else 'no'} "
+            probe = observation.probe.outcome if observation.probe else "no"
+            sys.stderr.write(f"reading {load} probe={probe} "
                              f"-> {verdict.state}: {verdict.reason}\n")
 
-    result = check(url, module=module, interval=args.interval, timeout=args.timeout,
-                   grace=args.grace, engine=args.engine, on_observation=show)
+    api_key = None
+    if args.api_key_file:
+        try:
+            api_key = secret_file(args.api_key_file, "--api-key-file")
+        except ConfigError as exc:
+            raise _usage(str(exc)) from None
+    result = check(url, module=module, interval=args.interval, timeout=args.timeout, grace=args.grace,
+                   engine=args.engine, api_key=api_key, probe=args.probe, on_observation=show)
     if args.json:
         print(json.dumps(result.as_json()))
     else:

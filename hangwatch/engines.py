@@ -7,6 +7,8 @@ parser, the verdict and the docs all read the same truth.
 Field meanings (all summed over every label set, e.g. vLLM's ``engine`` and ``model_name``):
 
 - ``running`` / ``waiting``: requests being processed / queued. Their sum is "in flight".
+- ``deferred``: the waiting requests the engine cannot schedule by itself (vLLM: waiting on a
+  KV transfer or a LoRA budget); they are in flight, but their standing still is no stall.
 - ``steps``: a counter that moves once per engine iteration (the engine's heartbeat).
 - ``prompt_tokens`` / ``generation_tokens``: token counters. Beware: in vLLM 0.32 they do
   not move during a long chunked prefill; in llama.cpp ``tokens_predicted`` moves only when
@@ -36,6 +38,10 @@ class EngineMetrics:
     gauges: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # A gauge whose labelled samples say the engine is asleep: (family, label, awake value)
     sleep_state: tuple[str, str, str] | None = None
+    # The part of ``waiting`` the engine cannot work on by itself: (family, label, value).
+    # vLLM defers requests that wait on something outside the engine (a KV transfer from a
+    # prefill node, a LoRA budget): with only those in flight, no progress is not a stall.
+    deferred: tuple[str, str, str] | None = None
     # Label carrying the served model's name, if any.
     model_label: str | None = None
     # Families whose "declared but no sample yet" means zero (multiprocess start-up).
@@ -73,6 +79,7 @@ VLLM = EngineMetrics(
     },
     gauges={"kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")},
     sleep_state=("vllm:engine_sleep_state", "sleep_state", "awake"),
+    deferred=("vllm:num_requests_waiting_by_reason", "reason", "deferred"),
     model_label="model_name",
     progress=(
         "steps",

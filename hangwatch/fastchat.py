@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Callable
 
-import requests
-
-from .fetch import OK, REFUSED, TIMEOUT, TOO_LARGE, UNREACHABLE, Fetched, request
-from .observe import ANSWERED, BLIND, Observation
-from .probe import ProbeResult
+from .fetch import OK, TIMEOUT, Client, Deadline, Fetched
+from .observation import (ANSWERED, BLIND, PROBE_ANSWERED, PROBE_FAILED, Observation, Options, ProbeResult)
+from .observe import not_answered, observe_load
+from .probe import outcome_of
 from .reading import Reading
 
 ENGINE = "fastchat"
@@ -35,15 +35,7 @@ ENGINE = "fastchat"
 UNKNOWN_MODEL = "hangwatch,no-such-model"
 INVALID_MODEL = 40301  # fastchat.constants.ErrorCode.INVALID_MODEL
 _MAX_ANSWER = 1 << 20
-
-
-def _not_answered(taken_at: float, fetched: Fetched, what: str) -> Observation | None:
-    """The Observation for a request that did not give a usable HTTP answer, else None."""
-    if fetched.status in (REFUSED, UNREACHABLE, TIMEOUT):
-        return Observation(taken_at, fetched.status, error=f"{what}: {fetched.error}", scrape_seconds=fetched.elapsed)
-    if fetched.status == TOO_LARGE:
-        return Observation(taken_at, BLIND, error=f"{what} {fetched.error}", scrape_seconds=fetched.elapsed)
-    return None
+WORKER_PROBE = "worker_generate"
 
 
 def _json(fetched: Fetched):
@@ -71,33 +63,34 @@ def worker_reading(status) -> Reading:
         raise ValueError("model_names is not a list of names")
     # queue_length = requests holding the worker's semaphore + requests waiting for it; the
     # split is not exposed, so all of it counts as running (in flight is what matters).
-    return Reading(engine=ENGINE, running=float(queue), waiting=0.0, models=models)
+    return Reading(engine=ENGINE, running=float(queue), waiting=0.0, models=models[:32])
 
 
-def send_worker_probe(session: requests.Session, base_url: str, timeout: float) -> ProbeResult:
+def send_worker_probe(client: Client, base_url: str, deadline: Deadline, options: Options = Options()) -> ProbeResult:
     """One greedy token, asked of the idle worker itself (not through the controller)."""
     body = {"prompt": "ping", "max_new_tokens": 1, "temperature": 0, "echo": False}
-    fetched = request(session, "POST", base_url + "/worker_generate", timeout=timeout, max_bytes=_MAX_ANSWER,
-                      json=body)
-    if fetched.status != OK:
-        return ProbeResult(False, fetched.elapsed, f"1-token /worker_generate: {fetched.error}")
+    fetched = client.request("POST", base_url + "/worker_generate", deadline=deadline, max_bytes=_MAX_ANSWER,
+                             json=body)
+    what = "1-token /worker_generate"
+    outcome = outcome_of(fetched)
+    if outcome != PROBE_ANSWERED:
+        detail = f"{what}: {fetched.error}" if outcome == PROBE_FAILED else \
+            f"{what} was rejected with HTTP {fetched.http_status}: the worker refused it before generating"
+        return ProbeResult(outcome, fetched.elapsed, detail, kind=WORKER_PROBE, http_status=fetched.http_status)
     answer = _json(fetched)
     code = answer.get("error_code") if isinstance(answer, dict) else None
-    if code != 0:
+    if code != 0:  # the worker answered, but its generation failed (FastChat's own error codes)
         text = str(answer.get("text", ""))[:120] if isinstance(answer, dict) else fetched.text[:120]
-        return ProbeResult(False, fetched.elapsed, f"1-token /worker_generate: error_code {code!r}: {text}")
-    return ProbeResult(True, fetched.elapsed,
-                       f"1-token /worker_generate answered in {fetched.elapsed * 1000:.0f} ms")
+        return ProbeResult(PROBE_FAILED, fetched.elapsed, f"{what}: error_code {code!r}: {text}",
+                           kind=WORKER_PROBE, http_status=fetched.http_status)
+    return ProbeResult(PROBE_ANSWERED, fetched.elapsed, f"{what} answered in {fetched.elapsed * 1000:.0f} ms",
+                       kind=WORKER_PROBE, http_status=fetched.http_status)
 
 
-def observe_worker(session: requests.Session, base_url: str, *, timeout: float,
-                   probe_timeout: float | None = None, allow_probe: bool = True,
-                   clock=time.monotonic) -> Observation:
-    """Read the worker's queue; probe it only if nothing is queued."""
-    base_url = base_url.rstrip("/")
-    taken_at = clock()
-    fetched = request(session, "POST", base_url + "/worker_get_status", timeout=timeout, max_bytes=_MAX_ANSWER)
-    failed = _not_answered(taken_at, fetched, "/worker_get_status")
+def read_worker_status(client: Client, url: str, deadline: Deadline, options: Options, taken_at: float) -> Observation:
+    """The worker's queue as a Reading (``POST /worker_get_status``: milliseconds, even when busy)."""
+    fetched = client.request("POST", url + "/worker_get_status", deadline=deadline, max_bytes=_MAX_ANSWER)
+    failed = not_answered(taken_at, fetched, "/worker_get_status")
     if failed is not None:
         return failed
     if fetched.status != OK:
@@ -108,30 +101,32 @@ def observe_worker(session: requests.Session, base_url: str, *, timeout: float,
     except ValueError as exc:
         return Observation(taken_at, BLIND, error=f"/worker_get_status unusable: {exc}",
                            scrape_seconds=fetched.elapsed)
-    probe = None
-    if allow_probe and reading.in_flight == 0:
-        # Without a probe_timeout the probe gets what is left of the budget (as observe_backend).
-        probe = send_worker_probe(session, base_url, probe_timeout or max(0.1, timeout - fetched.elapsed))
-    return Observation(taken_at, ANSWERED, reading=reading, probe=probe, scrape_seconds=fetched.elapsed)
+    return Observation(taken_at, ANSWERED, reading=reading, scrape_seconds=fetched.elapsed)
 
 
-def observe_controller(session: requests.Session, base_url: str, *, timeout: float,
-                       clock=time.monotonic) -> Observation:
+def observe_worker(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+                   clock: Callable[[], float] = time.monotonic) -> Observation:
+    """Read the worker's queue; probe it only if nothing is queued."""
+    return observe_load(client, url, deadline, options, read=read_worker_status, probe=send_worker_probe,
+                        clock=clock)
+
+
+def observe_controller(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+                       clock: Callable[[], float] = time.monotonic) -> Observation:
     """``GET /test_connection`` then ``POST /list_models``: answering, and which models are registered."""
-    base_url = base_url.rstrip("/")
+    base_url = url.rstrip("/")
     taken_at = clock()
     started = time.monotonic()
-    fetched = request(session, "GET", base_url + "/test_connection", timeout=timeout, max_bytes=_MAX_ANSWER)
-    failed = _not_answered(taken_at, fetched, "/test_connection")
+    fetched = client.request("GET", base_url + "/test_connection", deadline=deadline, max_bytes=_MAX_ANSWER)
+    failed = not_answered(taken_at, fetched, "/test_connection")
     if failed is not None:
         return failed
     if fetched.status != OK or _json(fetched) != "success":
         return Observation(taken_at, BLIND, error="/test_connection did not answer \"success\" (not a FastChat "
                                                   "controller?)", scrape_seconds=fetched.elapsed)
-    fetched = request(session, "POST", base_url + "/list_models", timeout=max(0.1, timeout - fetched.elapsed),
-                      max_bytes=_MAX_ANSWER)
+    fetched = client.request("POST", base_url + "/list_models", deadline=deadline, max_bytes=_MAX_ANSWER)
     elapsed = time.monotonic() - started
-    failed = _not_answered(taken_at, fetched, "/list_models")
+    failed = not_answered(taken_at, fetched, "/list_models")
     if failed is not None:
         return failed
     answer = _json(fetched)
@@ -139,9 +134,10 @@ def observe_controller(session: requests.Session, base_url: str, *, timeout: flo
     if models is None:
         return Observation(taken_at, BLIND, error=f"/list_models unusable ({fetched.error or 'no model list'})",
                            scrape_seconds=elapsed)
-    return Observation(taken_at, ANSWERED, listed_models=tuple(sorted(models)), scrape_seconds=elapsed,
+    models = sorted(models)[:64]
+    return Observation(taken_at, ANSWERED, listed_models=tuple(models), scrape_seconds=elapsed,
                        detail=f"controller answers; {len(models)} model(s) registered: "
-                              f"{', '.join(sorted(models)) or 'none'}")
+                              f"{', '.join(models) or 'none'}")
 
 
 def api_models(message: str) -> tuple[str, ...] | None:
@@ -150,17 +146,18 @@ def api_models(message: str) -> tuple[str, ...] | None:
     if not sep or not head.startswith("Only "):
         return None
     names = head[len("Only "):]
-    return tuple(sorted(name for name in names.split("&&") if name)) if names else ()
+    return tuple(sorted(name for name in names.split("&&") if name))[:64] if names else ()
 
 
-def observe_api(session: requests.Session, base_url: str, *, timeout: float, clock=time.monotonic) -> Observation:
+def observe_api(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+                clock: Callable[[], float] = time.monotonic) -> Observation:
     """A chat request naming a model that cannot exist: 400 with the registered models is an answer."""
-    base_url = base_url.rstrip("/")
+    base_url = url.rstrip("/")
     taken_at = clock()
     body = {"model": UNKNOWN_MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
-    fetched = request(session, "POST", base_url + "/v1/chat/completions", timeout=timeout, max_bytes=_MAX_ANSWER,
-                      json=body)
-    failed = _not_answered(taken_at, fetched, "/v1/chat/completions")
+    fetched = client.request("POST", base_url + "/v1/chat/completions", deadline=deadline, max_bytes=_MAX_ANSWER,
+                             json=body, headers=options.auth_headers())
+    failed = not_answered(taken_at, fetched, "/v1/chat/completions")
     if failed is not None:
         if failed.status == TIMEOUT:
             failed = Observation(taken_at, TIMEOUT, error=f"{failed.error} (the API server, or the controller "
@@ -169,7 +166,8 @@ def observe_api(session: requests.Session, base_url: str, *, timeout: float, clo
     answer = _json(fetched)
     if fetched.http_status == 401:
         return Observation(taken_at, ANSWERED, scrape_seconds=fetched.elapsed,
-                           detail="API server answers (401: API keys are set; its controller is not checked)")
+                           detail="API server answers (401: API keys are set; give hangwatch one to check its "
+                                  "controller too)")
     if fetched.http_status == 400 and isinstance(answer, dict) and answer.get("code") == INVALID_MODEL:
         models = api_models(str(answer.get("message", "")))
         if models is not None:

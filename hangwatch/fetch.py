@@ -1,23 +1,62 @@
-"""Fetch one page from a backend within a time budget and a size cap, and say how it failed.
+"""HTTP for readings: every byte of every request of one reading arrives before one deadline.
 
 How a request fails is itself the reading: refused means the port is closed (down, perhaps
-loading weights); accepted-but-silent means the process is wedged (hung if it repeats).
-So the failure is classified here, once, for every caller.
+loading weights); accepted-but-silent means the process is wedged (hung if it repeats). So the
+failure is classified here, once, for every caller.
+
+Why not ``requests``: its timeouts bound each socket read, not the request. A server that
+drips its headers or body a byte at a time held one 2.5 s reading for 50-60 s (measured), so
+``/probe`` overran Prometheus' scrape timeout and the webhook's re-check its bound. Here
+``http.client`` parses, and the socket under it re-arms its timeout before every read and
+write with what is left until the reading's ``Deadline``: nothing the other side does can
+hold a reading past it. Redirects are never followed, so a target's API key is only ever
+sent to that target. Idle keep-alive connections are kept per origin and reused (the
+exporter reads the same backends every scrape); one that the server closed is never used.
 """
 from __future__ import annotations
 
-import errno
+import http.client
+import io
+import json as jsonlib
+import select
+import socket
+import ssl
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
-
-import requests
+from urllib.parse import urlsplit
 
 MAX_PAGE_BYTES = 8 * 1024 * 1024  # a real vLLM page is ~55 KB
+MAX_ERROR_BODY = 2048
 USER_AGENT = "hangwatch"
 
 # Why a fetch produced no page.
-OK, REFUSED, UNREACHABLE, TIMEOUT, HTTP_ERROR, TOO_LARGE = (
-    "ok", "refused", "unreachable", "timeout", "http_error", "too_large")
+OK, REFUSED, UNREACHABLE, TIMEOUT, HTTP_ERROR, TOO_LARGE, BROKEN = (
+    "ok", "refused", "unreachable", "timeout", "http_error", "too_large", "broken")
+
+
+class Deadline:
+    """One wall-clock moment (``time.monotonic``) by which a whole reading must be done."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float):
+        self.at = at
+
+    @classmethod
+    def after(cls, seconds: float) -> "Deadline":
+        return cls(time.monotonic() + seconds)
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+    @property
+    def expired(self) -> bool:
+        return self.left() <= 0
+
+    def __repr__(self) -> str:
+        return f"Deadline(left={self.left():.3f}s)"
 
 
 @dataclass(frozen=True)
@@ -34,62 +73,231 @@ class Fetched:
         return self.body.decode("utf-8", errors="replace")
 
 
-def _refused(exc: BaseException) -> bool:
-    while exc is not None:
-        if isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == errno.ECONNREFUSED:
-            return True
-        if "Connection refused" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__ or (exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None)
-    return False
+class _DeadlineSocket:
+    """A socket whose every read and write may only use what is left until the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: Deadline):
+        self._sock = sock
+        self.deadline = deadline
+
+    def _arm(self) -> None:
+        left = self.deadline.left()
+        if left <= 0:
+            raise TimeoutError("the reading's deadline passed")
+        self._sock.settimeout(left)
+
+    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
+        self._arm()
+        return self._sock.recv_into(buffer, nbytes, flags)
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        self._arm()
+        return self._sock.recv(size, flags)
+
+    def sendall(self, data, flags: int = 0) -> None:
+        self._arm()
+        self._sock.sendall(data, flags)
+
+    def makefile(self, mode: str = "rb", buffering: int | None = None, **_):
+        return io.BufferedReader(socket.SocketIO(self, "rb"), io.DEFAULT_BUFFER_SIZE)
+
+    def _decref_socketios(self) -> None:  # socket.SocketIO.close() calls this
+        pass
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def setsockopt(self, *args) -> None:
+        self._sock.setsockopt(*args)
 
 
-def request(session: requests.Session, method: str, url: str, *, timeout: float,
-            max_bytes: int = MAX_PAGE_BYTES, json: dict | None = None) -> Fetched:
-    """One HTTP request whose whole answer must arrive within ``timeout`` seconds."""
-    started = time.monotonic()
-    deadline = started + timeout
-    try:
-        response = session.request(method, url, json=json, stream=True, timeout=(timeout, timeout),
-                                   headers={"User-Agent": USER_AGENT}, allow_redirects=False)
-    except requests.exceptions.ConnectTimeout:
-        return Fetched(UNREACHABLE, error=f"connect to {url} timed out after {timeout:g}s",
-                       elapsed=time.monotonic() - started)
-    except requests.exceptions.ReadTimeout:
-        return Fetched(TIMEOUT, error=f"connection accepted, no answer within {timeout:g}s",
-                       elapsed=time.monotonic() - started)
-    except requests.exceptions.ConnectionError as exc:
-        status = REFUSED if _refused(exc) else UNREACHABLE
-        message = "connection refused" if status == REFUSED else f"connection failed: {_short(exc)}"
-        return Fetched(status, error=message, elapsed=time.monotonic() - started)
-    except requests.exceptions.RequestException as exc:
-        return Fetched(UNREACHABLE, error=f"request failed: {_short(exc)}", elapsed=time.monotonic() - started)
-    with response:
+class _Connection(http.client.HTTPConnection):
+    """``http.client`` over a ``_DeadlineSocket``; ``deadline`` is re-pointed for each request."""
+
+    def __init__(self, scheme: str, host: str, port: int):
+        super().__init__(host, port)
+        self.scheme = scheme
+        self.deadline = Deadline.after(0)
+        self.reused = False
+
+    def connect(self) -> None:
+        left = self.deadline.left()
+        if left <= 0:
+            raise TimeoutError("the reading's deadline passed before connecting")
+        raw = socket.create_connection((self.host, self.port), timeout=left)
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.scheme == "https":
+                raw.settimeout(max(0.001, self.deadline.left()))
+                raw = ssl.create_default_context().wrap_socket(raw, server_hostname=self.host)
+        except BaseException:
+            raw.close()
+            raise
+        self.sock = _DeadlineSocket(raw, self.deadline)
+
+    def point_at(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        if isinstance(self.sock, _DeadlineSocket):
+            self.sock.deadline = deadline
+
+    def dropped(self) -> bool:
+        """True when an idle connection was closed by the server (or has stray bytes)."""
+        if self.sock is None:
+            return True
+        try:
+            readable, _, _ = select.select([self.sock.fileno()], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+
+class Client:
+    """Requests with a deadline, keeping up to ``max_idle`` idle keep-alive connections (LRU).
+
+    Thread-safe: a connection is used by one request at a time; idle ones are shared.
+    ``headers`` go with every request (the User-Agent; never an API key — that is per target).
+    """
+
+    def __init__(self, max_idle: int = 64):
+        self.max_idle = max_idle
+        self._idle: OrderedDict[tuple[str, str, int], list[_Connection]] = OrderedDict()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle, self._count = self._idle, OrderedDict(), 0
+        for connections in idle.values():
+            for connection in connections:
+                connection.close()
+
+    def _take(self, origin: tuple[str, str, int]) -> _Connection | None:
+        with self._lock:
+            connections = self._idle.get(origin)
+            while connections:
+                connection = connections.pop()
+                self._count -= 1
+                if not connections:
+                    del self._idle[origin]
+                if not connection.dropped():
+                    connection.reused = True
+                    return connection
+                connection.close()
+                connections = self._idle.get(origin)
+        return None
+
+    def _give_back(self, origin: tuple[str, str, int], connection: _Connection) -> None:
+        if self.max_idle <= 0:
+            connection.close()
+            return
+        evicted = []
+        with self._lock:
+            self._idle.setdefault(origin, []).append(connection)
+            self._idle.move_to_end(origin)
+            self._count += 1
+            while self._count > self.max_idle:
+                oldest_origin, oldest = next(iter(self._idle.items()))
+                evicted.append(oldest.pop(0))
+                self._count -= 1
+                if not oldest:
+                    del self._idle[oldest_origin]
+        for connection in evicted:
+            connection.close()
+
+    def request(self, method: str, url: str, *, deadline: Deadline, max_bytes: int = MAX_PAGE_BYTES,
+                json: dict | None = None, headers: dict[str, str] | None = None) -> Fetched:
+        """One HTTP request whose whole answer must arrive before ``deadline``."""
+        started = time.monotonic()
+        budget = max(0.0, deadline.left())
+        parts = urlsplit(url)
+        scheme = parts.scheme
+        host = parts.hostname or ""
+        port = parts.port or (443 if scheme == "https" else 80)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        origin = (scheme, host, port)
+        body = None if json is None else jsonlib.dumps(json).encode()
+        sent_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity",
+                        "Host": parts.netloc.rpartition("@")[2]}
+        if body is not None:
+            sent_headers["Content-Type"] = "application/json"
+        sent_headers.update(headers or {})
+
+        def failed(status: str, error: str, http_status: int | None = None) -> Fetched:
+            return Fetched(status, http_status=http_status, error=error, elapsed=time.monotonic() - started)
+
+        for attempt in (0, 1):
+            connection = self._take(origin) if attempt == 0 else None
+            if connection is None:
+                connection = _Connection(scheme, host, port)
+            connection.point_at(deadline)
+            reused = connection.reused
+            if deadline.expired:
+                connection.close()
+                return failed(TIMEOUT, f"no time left in the {budget:g}s budget")
+            try:
+                connection.request(method, path, body=body, headers=sent_headers)
+                response = connection.getresponse()
+            except ConnectionRefusedError:
+                connection.close()
+                return failed(REFUSED, "connection refused")
+            except (TimeoutError, socket.timeout):
+                connected = connection.sock is not None
+                connection.close()
+                if not connected:
+                    return failed(UNREACHABLE, f"connect to {host}:{port} timed out after {budget:g}s")
+                return failed(TIMEOUT, f"connection accepted, no answer within {budget:g}s")
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
+                connection.close()
+                if reused and attempt == 0:
+                    continue  # the server closed an idle keep-alive connection: once more, fresh
+                return failed(BROKEN, f"connection closed without an answer: {_short(exc)}")
+            except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+                connection.close()
+                return failed(UNREACHABLE, f"connection failed: {_short(exc)}")
+            return self._read(response, connection, origin, started, budget, max_bytes)
+        raise AssertionError("unreachable")
+
+    def _read(self, response: http.client.HTTPResponse, connection: _Connection, origin, started: float,
+              budget: float, max_bytes: int) -> Fetched:
+        status = response.status
+        content_type = response.getheader("Content-Type", "")
+        limit = max_bytes if status < 300 else MAX_ERROR_BODY
         chunks, size = [], 0
         try:
-            for chunk in response.iter_content(chunk_size=65536):
+            while True:
+                chunk = response.read1(65536) if hasattr(response, "read1") else response.read(65536)
+                if not chunk:
+                    break
                 size += len(chunk)
-                if size > max_bytes:
-                    return Fetched(TOO_LARGE, http_status=response.status_code,
-                                   error=f"answer exceeds {max_bytes} bytes", elapsed=time.monotonic() - started)
+                if size > limit:
+                    connection.close()
+                    if status < 300:
+                        return Fetched(TOO_LARGE, http_status=status, error=f"answer exceeds {max_bytes} bytes",
+                                       elapsed=time.monotonic() - started)
+                    chunks.append(chunk)
+                    break
                 chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    return Fetched(TIMEOUT, http_status=response.status_code,
-                                   error=f"answer not complete within {timeout:g}s",
-                                   elapsed=time.monotonic() - started)
-        except (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
-            if isinstance(exc.__context__, TimeoutError) or "timed out" in str(exc):
-                return Fetched(TIMEOUT, http_status=response.status_code,
-                               error=f"answer stalled for {timeout:g}s", elapsed=time.monotonic() - started)
-            return Fetched(HTTP_ERROR, http_status=response.status_code,
-                           error=f"answer broken off: {_short(exc)}", elapsed=time.monotonic() - started)
-        body = b"".join(chunks)
-    elapsed = time.monotonic() - started
-    content_type = response.headers.get("Content-Type", "")
-    if response.status_code >= 300:
-        return Fetched(HTTP_ERROR, body=body[:2048], http_status=response.status_code,
-                       error=f"HTTP {response.status_code}", elapsed=elapsed, content_type=content_type)
-    return Fetched(OK, body=body, http_status=response.status_code, elapsed=elapsed, content_type=content_type)
+        except (TimeoutError, socket.timeout):
+            connection.close()
+            return Fetched(TIMEOUT, http_status=status, error=f"answer not complete within {budget:g}s",
+                           elapsed=time.monotonic() - started)
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            return Fetched(BROKEN, http_status=status, error=f"answer broken off: {_short(exc)}",
+                           elapsed=time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        data = b"".join(chunks)
+        if response.isclosed() and not response.will_close and connection.sock is not None:
+            self._give_back(origin, connection)
+        else:
+            connection.close()
+        if status >= 300:
+            return Fetched(HTTP_ERROR, body=data[:limit], http_status=status, error=f"HTTP {status}",
+                           elapsed=elapsed, content_type=content_type)
+        return Fetched(OK, body=data, http_status=status, elapsed=elapsed, content_type=content_type)
 
 
 def _short(exc: BaseException) -> str:

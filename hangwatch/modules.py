@@ -1,56 +1,63 @@
-"""The modules a target can be checked with, and how each one observes its target.
+"""The one table of modules: what kind of target it is, how it is observed, what may be done to it.
 
-A module decides which endpoints are read and nothing else: ``backend`` reads an engine's
-/metrics (and probes at idle), ``proxy`` only asks /v1/models. Every caller — the check
-command, the exporter and the webhook's re-check — looks modules up here, so a new kind of
-target (the FastChat ones) is one entry, not three edits.
+A module decides which endpoints are read and what a verdict about the target may lead to.
+Every caller — ``hangwatch check``, the exporter, the liveness endpoint and the webhook —
+looks modules up here, so a new kind of target is one row, not edits in five places
+(the blackbox_exporter way: one prober per file behind one table).
+
+- ``reads_load``: the target reports requests in flight (it has ``metrics_available`` and a
+  probe-failure streak in the exporter's series);
+- ``restartable``: the webhook may ever restart it. A proxy or a FastChat front serves many
+  backends: when it is down a person is told; its backends are checked (and restarted)
+  directly.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from . import fastchat
-from .observe import Observation, observe_backend, observe_proxy
+from .fetch import Client, Deadline
+from .observation import Observation, Options
+from .observe import observe_backend, observe_proxy
 
-# An observer: (session, url, *, timeout, probe_timeout, engine, clock) -> Observation
+# An observer: (client, url, deadline, options, *, clock) -> Observation
 Observer = Callable[..., Observation]
 
 
-def _proxy(session, url, *, timeout, probe_timeout=None, engine=None, clock):
-    return observe_proxy(session, url, timeout=timeout, clock=clock)
+@dataclass(frozen=True)
+class Module:
+    name: str
+    observe: Observer
+    reads_load: bool
+    restartable: bool
+    summary: str
 
 
-def _backend(session, url, *, timeout, probe_timeout=None, engine=None, clock):
-    return observe_backend(session, url, timeout=timeout, probe_timeout=probe_timeout, engine=engine, clock=clock)
+MODULES: dict[str, Module] = {module.name: module for module in (
+    Module("backend", observe_backend, reads_load=True, restartable=True,
+           summary="an engine's /metrics (vLLM, llama.cpp, SGLang, TGI); the idle probe at idle"),
+    Module("proxy", observe_proxy, reads_load=False, restartable=False,
+           summary="an OpenAI-compatible proxy: /v1/models only (its backends are checked directly)"),
+    Module("fastchat_worker", fastchat.observe_worker, reads_load=True, restartable=True,
+           summary="a FastChat model worker: /worker_get_status, /worker_generate at idle"),
+    Module("fastchat_controller", fastchat.observe_controller, reads_load=False, restartable=False,
+           summary="a FastChat controller: /test_connection and /list_models"),
+    Module("fastchat_api", fastchat.observe_api, reads_load=False, restartable=False,
+           summary="a FastChat OpenAI API server: a chat request naming no registered model"),
+)}
+NAMES = tuple(MODULES)
 
 
-def _fastchat_worker(session, url, *, timeout, probe_timeout=None, engine=None, clock):
-    return fastchat.observe_worker(session, url, timeout=timeout, probe_timeout=probe_timeout, clock=clock)
-
-
-def _fastchat_controller(session, url, *, timeout, probe_timeout=None, engine=None, clock):
-    return fastchat.observe_controller(session, url, timeout=timeout, clock=clock)
-
-
-def _fastchat_api(session, url, *, timeout, probe_timeout=None, engine=None, clock):
-    return fastchat.observe_api(session, url, timeout=timeout, clock=clock)
-
-
-OBSERVERS: dict[str, Observer] = {
-    "backend": _backend,
-    "proxy": _proxy,
-    "fastchat_worker": _fastchat_worker,
-    "fastchat_controller": _fastchat_controller,
-    "fastchat_api": _fastchat_api,
-}
-# Modules whose targets are never restarted (a proxy or controller down is for people).
-NEVER_RESTARTED = frozenset({"proxy", "fastchat_controller", "fastchat_api"})
-# Modules that read a load reading (in flight, progress): they report metrics_available.
-READS_LOAD = frozenset({"backend", "fastchat_worker"})
-
-
-def observer_for(module: str) -> Observer:
+def module(name: str) -> Module:
     try:
-        return OBSERVERS[module]
+        return MODULES[name]
     except KeyError:
-        raise ValueError(f"unknown module {module!r} (known: {', '.join(OBSERVERS)})") from None
+        raise ValueError(f"unknown module {name!r} (known: {', '.join(MODULES)})") from None
+
+
+def observe(name: str, client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+            clock=None) -> Observation:
+    """One observation of ``url`` with the module ``name``."""
+    kwargs = {} if clock is None else {"clock": clock}
+    return module(name).observe(client, url, deadline, options, **kwargs)

@@ -1,85 +1,118 @@
-"""Take one observation of a backend: its /metrics, read, and — only at idle — the probe.
+"""Take one observation of a target: read its load, and — only at idle — probe it.
 
-Every caller (``hangwatch check``, the exporter's scrape, the webhook's re-check) observes a
-backend through this one function, so the rule "never probe while anything is in flight"
-lives in exactly one place.
+Every caller (``hangwatch check``, the exporter's scrape, the webhook's re-check, the
+liveness endpoint) observes a target through a module (``modules``) whose observer is built
+from the pieces here, so two rules live in exactly one place each:
+
+- ``observe_load``: never probe while anything is in flight (nor an engine that is asleep,
+  nor a target set to ``probe: none``);
+- ``not_answered``: how a request that got no usable HTTP answer becomes an observation
+  (refused/unreachable: down; accepted but silent: stalled; too large: blind).
+
+Every request of one observation shares one ``Deadline``.
 """
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import replace
+from typing import Callable
 
-import requests
+from .engines import ENGINES_BY_NAME
+from .fetch import BROKEN, OK, REFUSED, TIMEOUT, TOO_LARGE, UNREACHABLE, Client, Deadline, Fetched
+from .observation import ANSWERED, BLIND, PROBE_NONE, Observation, Options, ProbeResult
+from .probe import send_probe
+from .reading import UnreadablePage, parse
 
-from .fetch import OK, REFUSED, TIMEOUT, TOO_LARGE, UNREACHABLE, request
-from .probe import ProbeResult, send_probe
-from .reading import Reading, UnreadablePage, parse
+# A load reader: (client, url, deadline, options, taken_at) -> Observation (ANSWERED with a reading, or not).
+LoadReader = Callable[[Client, str, Deadline, Options, float], Observation]
+# A prober: (client, url, deadline, options) -> ProbeResult.
+Prober = Callable[[Client, str, Deadline, Options], ProbeResult]
 
-# Observation status: how the backend answered.
-ANSWERED, BLIND = "ok", "blind"
-
-
-@dataclass(frozen=True)
-class Observation:
-    taken_at: float                  # time.monotonic() when the reading was taken
-    status: str                      # ok | blind | refused | unreachable | timeout
-    reading: Reading | None = None
-    error: str = ""
-    probe: ProbeResult | None = None
-    scrape_seconds: float = 0.0
-    detail: str = ""                 # what a target without a load reading said (a controller)
-    listed_models: tuple[str, ...] | None = None  # models a fleet's front lists as registered
-
-    @property
-    def answered(self) -> bool:
-        """The server answered HTTP at all (even if the page was unusable)."""
-        return self.status in (ANSWERED, BLIND)
-
-    def as_dict(self) -> dict:
-        return {
-            "status": self.status,
-            "error": self.error,
-            "detail": self.detail,
-            "listed_models": None if self.listed_models is None else list(self.listed_models),
-            "reading": self.reading.as_dict() if self.reading else None,
-            "probe": None if self.probe is None else
-            {"success": self.probe.success, "duration": self.probe.duration, "detail": self.probe.detail},
-        }
+_STATUS = {REFUSED: REFUSED, UNREACHABLE: UNREACHABLE, TIMEOUT: TIMEOUT, BROKEN: UNREACHABLE}
 
 
-def observe_backend(session: requests.Session, base_url: str, *, timeout: float,
-                    probe_timeout: float | None = None, engine: str | None = None,
-                    allow_probe: bool = True, clock=time.monotonic) -> Observation:
-    """Read ``base_url``/metrics once; probe only if the reading shows nothing in flight.
+def not_answered(taken_at: float, fetched: Fetched, what: str, *, named: bool = True) -> Observation | None:
+    """The Observation for a request that got no usable HTTP answer, else None.
 
-    Without a ``probe_timeout`` the probe gets what is left of ``timeout`` after the read:
-    /metrics answers in milliseconds, so a short scrape budget still leaves the probe time.
+    ``named``: the error starts with ``what`` (a FastChat endpoint); a backend's /metrics
+    failure is told as it is ("connection refused"), which is what the verdict's reason shows.
     """
-    base_url = base_url.rstrip("/")
-    taken_at = clock()
-    fetched = request(session, "GET", base_url + "/metrics", timeout=timeout)
-    if fetched.status in (REFUSED, UNREACHABLE, TIMEOUT):
-        return Observation(taken_at, fetched.status, error=fetched.error, scrape_seconds=fetched.elapsed)
+    if fetched.status in _STATUS and not (fetched.status == BROKEN and fetched.http_status is not None):
+        error = f"{what}: {fetched.error}" if named else fetched.error
+        return Observation(taken_at, _STATUS[fetched.status], error=error, scrape_seconds=fetched.elapsed)
     if fetched.status == TOO_LARGE:
-        return Observation(taken_at, BLIND, error=f"/metrics {fetched.error}", scrape_seconds=fetched.elapsed)
+        return Observation(taken_at, BLIND, error=f"{what} {fetched.error}", scrape_seconds=fetched.elapsed)
+    return None
+
+
+def observe_load(client: Client, url: str, deadline: Deadline, options: Options, *,
+                 read: LoadReader, probe: Prober, clock: Callable[[], float] = time.monotonic) -> Observation:
+    """Read the load; probe only when the reading shows nothing in flight (the rule, once)."""
+    url = url.rstrip("/")
+    observation = read(client, url, deadline, options, clock())
+    reading = observation.reading
+    if observation.status != ANSWERED or reading is None:
+        return observation
+    if reading.in_flight == 0 and not reading.asleep and options.probe != PROBE_NONE:
+        observation = replace(observation, probe=probe(client, url, deadline, options))
+    return observation
+
+
+def read_metrics(client: Client, url: str, deadline: Deadline, options: Options, taken_at: float) -> Observation:
+    """An engine's /metrics page as a Reading (and its version, if the engine says it cheaply)."""
+    fetched = client.request("GET", url + "/metrics", deadline=deadline, headers=options.auth_headers())
+    failed = not_answered(taken_at, fetched, "/metrics", named=False)
+    if failed is not None:
+        return failed
     if fetched.status != OK:
         return Observation(taken_at, BLIND, error=f"/metrics answered {fetched.error}", scrape_seconds=fetched.elapsed)
     try:
-        reading = parse(fetched.text, engine)
+        reading = parse(fetched.text, options.engine)
     except UnreadablePage as exc:
         return Observation(taken_at, BLIND, error=f"/metrics unusable: {exc}", scrape_seconds=fetched.elapsed)
-    probe = None
-    if allow_probe and reading.in_flight == 0 and not reading.asleep:
-        probe = send_probe(session, base_url, probe_timeout or max(0.1, timeout - fetched.elapsed))
-    return Observation(taken_at, ANSWERED, reading=reading, probe=probe, scrape_seconds=fetched.elapsed)
+    return Observation(taken_at, ANSWERED, reading=reading, scrape_seconds=fetched.elapsed)
 
 
-def observe_proxy(session: requests.Session, base_url: str, *, timeout: float, clock=time.monotonic) -> Observation:
+def engine_version(client: Client, url: str, engine: str, deadline: Deadline, options: Options) -> str | None:
+    """The engine's version from its cheap version endpoint (vLLM /version never touches the engine)."""
+    spec = ENGINES_BY_NAME.get(engine)
+    if spec is None or spec.version_path is None or deadline.left() < 0.05:
+        return None
+    fetched = client.request("GET", url + spec.version_path, deadline=deadline, max_bytes=4096,
+                             headers=options.auth_headers())
+    if fetched.status != OK:
+        return None
+    try:
+        version = json.loads(fetched.body).get("version")
+    except (ValueError, AttributeError):
+        return None
+    return str(version)[:64] if version else None
+
+
+def observe_backend(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+                    clock: Callable[[], float] = time.monotonic) -> Observation:
+    """An engine: its /metrics, the idle probe when due, then (if asked) its version with what time is left."""
+    observation = observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock)
+    if observation.reading is not None and options.version:
+        version = engine_version(client, url.rstrip("/"), observation.reading.engine, deadline, options)
+        observation = replace(observation, reading=replace(observation.reading, version=version))
+    return observation
+
+
+def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+                  clock: Callable[[], float] = time.monotonic) -> Observation:
     """A proxy is asked only for /v1/models: its /metrics would mix many backends."""
     taken_at = clock()
-    fetched = request(session, "GET", base_url.rstrip("/") + "/v1/models", timeout=timeout, max_bytes=1 << 20)
-    if fetched.status in (REFUSED, UNREACHABLE, TIMEOUT):
-        return Observation(taken_at, fetched.status, error=fetched.error, scrape_seconds=fetched.elapsed)
+    fetched = client.request("GET", url.rstrip("/") + "/v1/models", deadline=deadline, max_bytes=1 << 20,
+                             headers=options.auth_headers())
+    failed = not_answered(taken_at, fetched, "/v1/models", named=False)
+    if failed is not None:
+        return failed
+    if fetched.status != OK and fetched.http_status in (401, 403):
+        return Observation(taken_at, ANSWERED, scrape_seconds=fetched.elapsed,
+                           detail=f"proxy answers /v1/models (HTTP {fetched.http_status}: give hangwatch its API key "
+                                  "to see its model list)")
     if fetched.status != OK:
         return Observation(taken_at, BLIND, error=f"/v1/models answered {fetched.error}", scrape_seconds=fetched.elapsed)
     return Observation(taken_at, ANSWERED, scrape_seconds=fetched.elapsed)

@@ -1,50 +1,107 @@
-"""The tiny idle probe: one 1-token completion, sent only when nothing is in flight.
+"""The tiny idle probe: one 1-token completion (or one embedding), sent only when nothing is in flight.
 
 An engine can wedge while its gauges read 0 (a request sent during a freeze never shows up
-as waiting), so at idle — and only at idle, where it costs nothing — we ask for a response.
+as waiting), so at idle — and only at idle, where it costs nothing — we ask for an answer.
 While anything is in flight the probe would queue behind real work and prove nothing, so
-the callers never send it then (see ``observe``).
+the callers never send it then (``observe.observe_load`` holds that rule).
+
+How the probe ends is what matters, and only one ending can mean a stuck engine:
+- answered (2xx): the engine works;
+- failed (no answer before the deadline, a broken connection, a 5xx): counts toward hung;
+- rejected (any 4xx): the API server refused it before the engine saw it — a missing API key
+  (vLLM ``--api-key`` answers 401), a model that cannot do what was asked — so it proves
+  nothing and never counts toward hung; the detail says what a person should do.
+
+What is asked follows the served model (``Options.probe``): ``completion`` (1 token),
+``embedding`` (one input, for pooling/embedding models), ``none`` (never probe), or ``auto``:
+a completion, and — only when the server has no completions route for it (404/405, as a vLLM
+pooling model answers, measured) — one embedding instead, within the same deadline.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
-import requests
+from .fetch import HTTP_ERROR, OK, TOO_LARGE, Client, Deadline, Fetched
+from .observation import (PROBE_ANSWERED, PROBE_AUTO, PROBE_COMPLETION, PROBE_EMBEDDING, PROBE_FAILED,
+                          PROBE_REJECTED, Options, ProbeResult)
 
-from .fetch import OK, request
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    success: bool
-    duration: float
-    detail: str
-    model: str | None = None
+MAX_ANSWER = 1 << 20
+_NO_SUCH_ROUTE = (404, 405)
 
 
-def first_model(session: requests.Session, base_url: str, timeout: float) -> tuple[str | None, str]:
-    """The first model id in /v1/models, or None and why not."""
-    fetched = request(session, "GET", base_url + "/v1/models", timeout=timeout, max_bytes=1 << 20)
+def outcome_of(fetched: Fetched) -> str:
+    """answered, failed or rejected — the one place an HTTP ending becomes a probe outcome."""
+    if fetched.status == OK:
+        return PROBE_ANSWERED
+    if fetched.status in (HTTP_ERROR, TOO_LARGE) and fetched.http_status is not None \
+            and 400 <= fetched.http_status < 500:
+        return PROBE_REJECTED
+    return PROBE_FAILED  # timeout, stalled, refused, broken, 5xx, an oversized answer
+
+
+def advice(status: int | None, what: str) -> str:
+    """What a person can do about a rejected probe (never contains the key itself)."""
+    if status == 401:
+        return (f"{what} was rejected with HTTP 401: give hangwatch the server's API key "
+                "(--api-key-file / api_key_file)")
+    if status == 403:
+        return f"{what} was rejected with HTTP 403: the API key given to hangwatch is not allowed to call it"
+    if status in _NO_SUCH_ROUTE:
+        return (f"{what} was rejected with HTTP {status}: the server has no such route for this model "
+                "(set probe: embedding, completion or none for this target)")
+    if status == 429:
+        return f"{what} was rejected with HTTP 429: the server is rate limiting hangwatch"
+    return f"{what} was rejected with HTTP {status}: the API server refused it before the engine saw it"
+
+
+def _result(fetched: Fetched, what: str, kind: str, model: str | None) -> ProbeResult:
+    outcome = outcome_of(fetched)
+    if outcome == PROBE_ANSWERED:
+        detail = f"{what} answered in {fetched.elapsed * 1000:.0f} ms"
+    elif outcome == PROBE_REJECTED:
+        detail = advice(fetched.http_status, what)
+    else:
+        detail = f"{what}: {fetched.error}"
+    return ProbeResult(outcome, fetched.elapsed, detail, model, kind, fetched.http_status)
+
+
+def first_model(client: Client, base_url: str, deadline: Deadline,
+                options: Options) -> tuple[str | None, ProbeResult | None]:
+    """The first model id in /v1/models, or None and the probe's ending (rejected or failed)."""
+    fetched = client.request("GET", base_url + "/v1/models", deadline=deadline, max_bytes=MAX_ANSWER,
+                             headers=options.auth_headers())
     if fetched.status != OK:
-        return None, f"/v1/models: {fetched.error}"
+        return None, _result(fetched, "/v1/models", PROBE_COMPLETION, None)
     try:
         models = [entry["id"] for entry in json.loads(fetched.body)["data"]]
     except (ValueError, KeyError, TypeError):
-        return None, "/v1/models: not an OpenAI model list"
-    if not models:
-        return None, "/v1/models lists no model"
-    return str(models[0]), ""
+        return None, ProbeResult(PROBE_REJECTED, fetched.elapsed, "/v1/models is not an OpenAI model list: "
+                                 "set probe: none for this target", http_status=fetched.http_status)
+    if not models or not isinstance(models[0], str):
+        return None, ProbeResult(PROBE_REJECTED, fetched.elapsed, "/v1/models lists no model: nothing to probe",
+                                 http_status=fetched.http_status)
+    return models[0], None
 
 
-def send_probe(session: requests.Session, base_url: str, timeout: float) -> ProbeResult:
-    """Ask the idle engine for one token; success means it answered within ``timeout``."""
-    model, why = first_model(session, base_url, timeout)
+def send_probe(client: Client, base_url: str, deadline: Deadline, options: Options = Options()) -> ProbeResult:
+    """Ask the idle engine for one token (or one embedding) before ``deadline``."""
+    model, ended = first_model(client, base_url, deadline, options)
     if model is None:
-        return ProbeResult(False, 0.0, why)
+        return ended
+    if options.probe == PROBE_EMBEDDING:
+        return _embedding(client, base_url, deadline, options, model)
     body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-    fetched = request(session, "POST", base_url + "/v1/completions", timeout=timeout, max_bytes=1 << 20, json=body)
-    if fetched.status != OK:
-        return ProbeResult(False, fetched.elapsed, f"1-token completion: {fetched.error}", model)
-    return ProbeResult(True, fetched.elapsed, f"1-token completion answered in {fetched.elapsed * 1000:.0f} ms", model)
+    fetched = client.request("POST", base_url + "/v1/completions", deadline=deadline, max_bytes=MAX_ANSWER,
+                             json=body, headers=options.auth_headers())
+    result = _result(fetched, "1-token completion", PROBE_COMPLETION, model)
+    if options.probe == PROBE_AUTO and result.rejected and fetched.http_status in _NO_SUCH_ROUTE:
+        return _embedding(client, base_url, deadline, options, model)  # a pooling model (measured: 404)
+    return result
+
+
+def _embedding(client: Client, base_url: str, deadline: Deadline, options: Options, model: str) -> ProbeResult:
+    body = {"model": model, "input": "ping"}
+    fetched = client.request("POST", base_url + "/v1/embeddings", deadline=deadline, max_bytes=MAX_ANSWER,
+                             json=body, headers=options.auth_headers())
+    return _result(fetched, "1-input embedding", PROBE_EMBEDDING, model)
 

@@ -37,10 +37,16 @@ class Reading:
     models: tuple[str, ...] = ()
     asleep: bool = False
     version: str | None = None
+    deferred: float | None = None  # waiting on something outside the engine (vLLM), if told
 
     @property
     def in_flight(self) -> float:
         return self.running + self.waiting
+
+    @property
+    def schedulable(self) -> float:
+        """In flight and up to the engine itself: all of it but the deferred requests."""
+        return self.in_flight - min(self.deferred or 0.0, self.waiting)
 
     def counters(self) -> dict[str, float]:
         """The counter fields this engine provides (absent ones are left out, not zeroed)."""
@@ -55,6 +61,7 @@ class Reading:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__ }
         data["models"] = list(self.models)
         data["in_flight"] = self.in_flight
+        data["schedulable"] = self.schedulable
         return data
 
 
@@ -93,6 +100,8 @@ def _plan_for(engine: EngineMetrics) -> _Plan:
         preference[name] = families
     if engine.sleep_state:
         preference["sleep_state"] = (engine.sleep_state[0],)
+    if engine.deferred:
+        preference["deferred"] = (engine.deferred[0],)
     field_of = {sample: name for name, samples in preference.items() for sample in samples}
     declared_zero = {
         "running": engine.running,
@@ -167,6 +176,10 @@ def parse(page: str, engine: str | None = None) -> Reading:
             if dict(_LABEL_PAIR.findall(labels)).get(label) == awake and value == 0:
                 asleep = True
             continue
+        if field_name == "deferred":
+            _, label, wanted = spec.deferred
+            if dict(_LABEL_PAIR.findall(labels)).get(label) != wanted:
+                continue
         samples[name] = samples.get(name, 0.0) + value
         if spec.model_label and labels and field_name == "running":
             model = dict(_LABEL_PAIR.findall(labels)).get(spec.model_label)
@@ -204,5 +217,6 @@ def parse(page: str, engine: str | None = None) -> Reading:
         process_start=pick("process_start"),
         models=tuple(models),
         asleep=asleep,
+        deferred=pick("deferred") if spec.deferred else None,
     )
 

@@ -5,7 +5,10 @@ re-check and the truth-table tests all call it, and the Prometheus rules are tes
 against the same scenarios. Only ``hung`` ever leads to a restart, so it is the hardest
 verdict to reach: requests in flight and no engine work across two consecutive intervals
 (and at least ``grace`` seconds), or a server that accepts connections and does not answer
-twice in a row, or an idle engine that fails its 1-token probe twice in a row.
+twice in a row, or an idle engine that fails its 1-token probe twice in a row. A probe the
+server *rejected* (4xx: no API key, a model that cannot do completions) proves nothing about
+the engine and never counts; in-flight requests that only wait on something outside the
+engine (vLLM's deferred queue: a KV transfer, a LoRA budget) are no stall either.
 """
 from __future__ import annotations
 
@@ -13,8 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .engines import ENGINES_BY_NAME, GAUGE_FIELDS
-from .observe import ANSWERED, BLIND, Observation
-from .fetch import REFUSED, TIMEOUT, UNREACHABLE
+from .observation import ANSWERED, BLIND, REFUSED, TIMEOUT, UNREACHABLE, Observation
 from .reading import Reading
 
 IDLE, BUSY, HUNG, RESTARTED, DOWN = "idle", "busy", "hung", "restarted", "down"
@@ -97,7 +99,7 @@ def _judge_reading(observations: Sequence[Observation], grace: float) -> Verdict
             and not same_process(previous.reading, reading):
         how = ("process start time changed" if reading.process_start and previous.reading.process_start
                else "counters went backwards")
-        if last.probe is not None and not last.probe.success:
+        if last.probe is not None and last.probe.failed:
             return Verdict(RESTARTED, f"{how}; the new process does not answer yet: {last.probe.detail}",
                            answering=False)
         answer = last.probe.detail if last.probe else f"{reading.in_flight:g} in flight"
@@ -111,15 +113,19 @@ def _judge_reading(observations: Sequence[Observation], grace: float) -> Verdict
 
 def _judge_idle(observations: Sequence[Observation]) -> Verdict:
     last = observations[-1]
-    if last.probe is None:
+    probe = last.probe
+    if probe is None:
         return Verdict(IDLE, "nothing in flight (not probed)")
-    if last.probe.success:
-        return Verdict(IDLE, f"nothing in flight; {last.probe.detail}")
-    streak = _trailing(observations, lambda o: o.probe is not None and not o.probe.success)
+    if probe.success:
+        return Verdict(IDLE, f"nothing in flight; {probe.detail}")
+    if probe.rejected:
+        return Verdict(IDLE, f"nothing in flight; the idle probe could not verify the engine: {probe.detail} "
+                             "(a rejected probe never counts toward hung)")
+    streak = _trailing(observations, lambda o: o.probe is not None and o.probe.failed)
     if streak >= 2:
         return Verdict(HUNG, f"nothing in flight, yet the idle probe failed {streak} times in a row: "
-                             f"{last.probe.detail}")
-    return Verdict(IDLE, f"nothing in flight, but the idle probe failed once: {last.probe.detail}",
+                             f"{probe.detail}")
+    return Verdict(IDLE, f"nothing in flight, but the idle probe failed once: {probe.detail}",
                    settled=False)
 
 
@@ -128,6 +134,8 @@ def _judge_in_flight(observations: Sequence[Observation], grace: float) -> Verdi
     reading = last.reading
     previous = observations[-2] if len(observations) >= 2 else None
     load = f"{reading.running:g} running, {reading.waiting:g} waiting"
+    if reading.deferred:
+        load += f" ({reading.deferred:g} deferred)"
     if not progress_fields(reading.engine):
         return Verdict(BUSY, f"{load}; {reading.engine} exposes no progress counter: busy, unverified "
                              "(never restarted on this basis)")
@@ -135,17 +143,21 @@ def _judge_in_flight(observations: Sequence[Observation], grace: float) -> Verdi
         moved = progress(previous.reading, reading)
         if moved:
             return Verdict(BUSY, f"{load}; engine progressing ({', '.join(moved)} moved); not probed")
-    # Walk back over the stall: in flight, same process, nothing moved.
+    # Walk back over the stall: work the engine itself can do, same process, nothing moved.
     start = len(observations) - 1
     while start > 0:
         before = observations[start - 1]
-        if before.status != ANSWERED or before.reading is None or before.reading.in_flight == 0:
+        if before.status != ANSWERED or before.reading is None or before.reading.schedulable == 0:
             break
         if not same_process(before.reading, observations[start].reading):
             break
         if progress(before.reading, observations[start].reading):
             break
         start -= 1
+    if reading.schedulable == 0:
+        return Verdict(BUSY, f"{load}: every request in flight waits on something outside the "
+                             "engine (a KV transfer from a prefill node, a LoRA budget); no progress is not a "
+                             "stall here (never restarted on this basis)")
     intervals = len(observations) - 1 - start
     stalled_for = last.taken_at - observations[start].taken_at
     grace = max(grace, min_grace(reading.engine))  # e.g. one long llama.cpp batch moves nothing

@@ -18,7 +18,8 @@ import pytest
 
 from hangwatch.cli import build_parser
 from hangwatch.exporter.config import ConfigError as ExporterConfigError
-from hangwatch.exporter.config import ExporterConfig, duration, exporter_config
+from hangwatch.exporter.config import ExporterConfig, TargetSettings, exporter_config
+from hangwatch.settings import duration
 from hangwatch.webhook.config import Budget, Config, Recheck, Target, parse_config
 from hangwatch.webhook.config import ConfigError as WebhookConfigError
 
@@ -70,13 +71,24 @@ def value_of(text: str):
 # -- exporter config ---------------------------------------------------------------------------
 def test_exporter_config_keys_are_documented_both_ways():
     known = known_keys(exporter_config, {"no_such_key": 1}, ExporterConfigError)
-    assert set(rows("Exporter config")) == known
+    target = known_keys(exporter_config, {"targets": [{"url": "http://a:1", "no_such_key": 1}]},
+                        ExporterConfigError)
+    assert set(rows("Exporter config")) == known | {f"targets[].{k}" for k in target}
 
 
 def test_exporter_config_defaults_are_the_documented_ones():
     defaults = ExporterConfig()
+    target_defaults = {f.name: f.default for f in dataclasses.fields(TargetSettings)}
     for key, text in rows("Exporter config").items():
-        assert value_of(text) == getattr(defaults, key), key
+        if key.startswith("targets[]."):
+            name = key.split(".")[1]
+            actual = target_defaults["api_key" if name == "api_key_file" else name]
+            actual = None if actual is dataclasses.MISSING else actual
+            assert value_of(text) == actual, key
+        elif key == "api_key_file":
+            assert value_of(text) == defaults.api_key, key
+        else:
+            assert value_of(text) == getattr(defaults, key), key
 
 
 # -- webhook config ----------------------------------------------------------------------------
@@ -107,7 +119,8 @@ def test_webhook_config_defaults_are_the_documented_ones():
         elif key.startswith("budget."):
             actual = getattr(budget, key.split(".")[1])
         elif key.startswith("targets[]."):
-            actual = target_defaults[key.split(".")[1]]
+            name = key.split(".")[1]
+            actual = target_defaults["api_key" if name == "api_key_file" else name]
             actual = None if actual is dataclasses.MISSING else actual
         elif key == "targets":
             actual = None  # required

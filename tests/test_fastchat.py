@@ -16,7 +16,8 @@ import requests
 from hangwatch import fastchat
 from hangwatch.check import MODULES, check
 from hangwatch.engines import ENGINES, ENGINES_BY_NAME
-from hangwatch.modules import NEVER_RESTARTED, OBSERVERS, READS_LOAD
+from hangwatch.fetch import Client, Deadline
+from hangwatch.modules import MODULES as OBSERVERS
 from tests.support.pages import Page, PageServer, closed_port
 from tests.test_exporter import exporter, probe, samples  # noqa: F401  (fixture)
 
@@ -33,18 +34,6 @@ API_NO_MODELS = b'{"object":"error","message":"Only  allowed now, your model han
 API_VALIDATION = b'{"object":"error","message":"1 validation error","code":40001}'
 
 
-class RecordingSession(requests.Session):
-    """A real session that also remembers every request's method, path and JSON body."""
-
-    def __init__(self):
-        super().__init__()
-        self.sent = []
-
-    def request(self, method, url, *args, json=None, **kwargs):
-        self.sent.append((method, "/" + url.split("/", 3)[3], json))
-        return super().request(method, url, *args, json=json, **kwargs)
-
-
 @pytest.fixture
 def server():
     s = PageServer()
@@ -52,9 +41,8 @@ def server():
     s.stop()
 
 
-def observe(module, url, session=None, timeout=5.0):
-    return OBSERVERS[module](session or requests.Session(), url, timeout=timeout, probe_timeout=timeout,
-                             engine=None, clock=lambda: 0.0)
+def observe(module, url, timeout=5.0):
+    return OBSERVERS[module].observe(Client(), url, Deadline.after(timeout), clock=lambda: 0.0)
 
 
 def no_sleep(_):
@@ -66,9 +54,9 @@ def no_sleep(_):
 def test_fastchat_modules_are_registered_for_check_and_exporter():
     for module in ("fastchat_worker", "fastchat_controller", "fastchat_api"):
         assert module in OBSERVERS and module in MODULES
-    assert {"fastchat_controller", "fastchat_api"} <= NEVER_RESTARTED
-    assert "fastchat_worker" not in NEVER_RESTARTED
-    assert "fastchat_worker" in READS_LOAD
+    assert not OBSERVERS["fastchat_controller"].restartable and not OBSERVERS["fastchat_api"].restartable
+    assert OBSERVERS["fastchat_worker"].restartable
+    assert OBSERVERS["fastchat_worker"].reads_load
 
 
 def test_no_page_is_ever_detected_as_fastchat():
@@ -82,12 +70,11 @@ def test_no_page_is_ever_detected_as_fastchat():
 def test_idle_worker_is_asked_for_one_token_straight(server):
     server.pages["/worker_get_status"] = Page(STATUS_IDLE, content_type=JSON)
     server.pages["/worker_generate"] = Page(GENERATE_OK, content_type=JSON)
-    session = RecordingSession()
-    result = check(server.url, module="fastchat_worker", session=session, sleep=no_sleep)
+    result = check(server.url, module="fastchat_worker", sleep=no_sleep)
     assert result.verdict.state == "idle"
     assert result.probe_sent
-    assert [(m, p) for m, p, _ in session.sent] == [("POST", "/worker_get_status"), ("POST", "/worker_generate")]
-    body = session.sent[1][2]
+    assert [(m, p) for m, p, _, _ in server.sent] == [("POST", "/worker_get_status"), ("POST", "/worker_generate")]
+    body = server.sent[1][2]
     assert body["max_new_tokens"] == 1 and body["temperature"] == 0
     reading = result.last_reading
     assert (reading.engine, reading.in_flight, reading.models) == ("fastchat", 0, ("tiny-vicuna",))
@@ -95,15 +82,14 @@ def test_idle_worker_is_asked_for_one_token_straight(server):
 
 def test_busy_worker_is_never_probed_and_never_hung(server):
     server.pages["/worker_get_status"] = Page(STATUS_BUSY, content_type=JSON)
-    session = RecordingSession()
     observations = []
     for _ in range(20):  # the queue never moves: still only "busy, unverified"
-        result = check(server.url, module="fastchat_worker", session=session, sleep=no_sleep)
+        result = check(server.url, module="fastchat_worker", sleep=no_sleep)
         observations.extend(result.observations)
         assert result.verdict.state == "busy"
         assert "unverified" in result.verdict.reason and "never restarted" in result.verdict.reason
         assert result.exit_code == 0
-    assert {p for _, p, _ in session.sent} == {"/worker_get_status"}
+    assert {p for _, p, _, _ in server.sent} == {"/worker_get_status"}
     assert not any(o.probe for o in observations)
 
 
@@ -152,11 +138,10 @@ def test_a_vllm_server_checked_as_a_worker_is_blind(server):
 def test_controller_is_asked_only_test_connection_and_list_models(server):
     server.pages["/test_connection"] = Page(b'"success"', content_type=JSON)
     server.pages["/list_models"] = Page(b'{"models":["tiny-vicuna","b"]}', content_type=JSON)
-    session = RecordingSession()
-    result = check(server.url, module="fastchat_controller", session=session, sleep=no_sleep)
+    result = check(server.url, module="fastchat_controller", sleep=no_sleep)
     assert result.verdict.state == "idle"
     assert "2 model(s) registered: b, tiny-vicuna" in result.verdict.reason
-    assert [(m, p) for m, p, _ in session.sent] == [("GET", "/test_connection"), ("POST", "/list_models")]
+    assert [(m, p) for m, p, _, _ in server.sent] == [("GET", "/test_connection"), ("POST", "/list_models")]
     assert result.as_json()["models"] == ["b", "tiny-vicuna"]
     assert result.as_json()["probe_sent"] is False
 
@@ -185,11 +170,10 @@ def test_something_else_checked_as_a_controller_is_blind(server):
 
 def test_api_server_is_asked_one_chat_request_naming_an_impossible_model(server):
     server.pages["/v1/chat/completions"] = Page(API_UNKNOWN_MODEL, status=400, content_type=JSON)
-    session = RecordingSession()
-    result = check(server.url, module="fastchat_api", session=session, sleep=no_sleep)
+    result = check(server.url, module="fastchat_api", sleep=no_sleep)
     assert result.verdict.state == "idle"
-    assert [(m, p) for m, p, _ in session.sent] == [("POST", "/v1/chat/completions")]
-    model = session.sent[0][2]["model"]
+    assert [(m, p) for m, p, _, _ in server.sent] == [("POST", "/v1/chat/completions")]
+    model = server.sent[0][2]["model"]
     assert "," in model  # FastChat splits --model-names on commas: no worker can serve it
     assert result.as_json()["models"] == ["other", "tiny-vicuna"]
 

@@ -1,6 +1,6 @@
 """The truth table as a pure function: observations over time → one verdict."""
-from hangwatch.observe import Observation
-from hangwatch.probe import ProbeResult
+from hangwatch.observation import Observation
+from hangwatch.observation import ProbeResult
 from hangwatch.reading import Reading
 from hangwatch.verdict import judge
 
@@ -17,8 +17,8 @@ def ok(t, reading, probe=None):
     return Observation(float(t), "ok", reading=reading, probe=probe)
 
 
-GOOD = ProbeResult(True, 0.05, "1-token completion answered in 50 ms")
-BAD = ProbeResult(False, 5.0, "1-token completion: connection accepted, no answer within 5s")
+GOOD = ProbeResult("answered", 0.05, "1-token completion answered in 50 ms")
+BAD = ProbeResult("failed", 5.0, "1-token completion: connection accepted, no answer within 5s")
 
 
 def test_steady_generation_is_busy_and_settled():
@@ -122,3 +122,44 @@ def test_blind_never_restarts():
 
 def test_proxy_answering_is_idle():
     assert judge([Observation(0.0, "ok")]).state == "idle"
+
+
+REJECTED = ProbeResult("rejected", 0.01, "1-token completion was rejected with HTTP 401: give hangwatch the "
+                       "server's API key (--api-key-file / api_key_file)", http_status=401)
+
+
+def test_idle_probe_rejected_forever_is_idle_never_hung():
+    observations = [ok(t * 5, r(), REJECTED) for t in range(20)]
+    for i in range(1, len(observations) + 1):
+        v = judge(observations[:i])
+        assert (v.state, v.settled, v.exit_code) == ("idle", True, 0)
+    assert "HTTP 401" in v.reason and "API key" in v.reason and "never counts" in v.reason
+
+
+def test_a_rejected_probe_breaks_a_failure_streak():
+    assert judge([ok(0, r(), BAD), ok(5, r(), REJECTED), ok(10, r(), BAD)]).state == "idle"
+    assert judge([ok(0, r(), BAD), ok(5, r(), REJECTED), ok(10, r(), BAD), ok(15, r(), BAD)]).state == "hung"
+
+
+def test_restarted_server_that_rejects_the_probe_is_answering():
+    v = judge([ok(0, r(steps=500)), ok(5, r(start=START + 60), REJECTED)])
+    assert (v.state, v.exit_code) == ("restarted", 0)
+
+
+def test_only_deferred_requests_standing_still_is_busy_not_hung():
+    """A decode server waiting on KV transfers from a slow prefill peer is not wedged."""
+    stuck = [ok(t * 5, r(running=0, waiting=3, deferred=3, steps=100)) for t in range(10)]
+    for i in range(1, len(stuck) + 1):
+        assert judge(stuck[:i]).state == "busy"
+    assert "outside the engine" in judge(stuck).reason
+
+
+def test_a_schedulable_request_among_deferred_ones_standing_still_is_hung():
+    readings = [r(running=0, waiting=3, deferred=3, steps=100)] * 2 + [r(running=0, waiting=4, deferred=3, steps=100)] * 3
+    verdicts = [judge([ok(t * 5, x) for t, x in enumerate(readings[:i])]).state for i in range(1, 6)]
+    assert verdicts == ["busy", "busy", "busy", "busy", "hung"]
+
+
+def test_running_work_beside_deferred_requests_standing_still_is_hung():
+    readings = [r(running=2, waiting=3, deferred=3, steps=100)] * 3
+    assert judge([ok(t * 5, x) for t, x in enumerate(readings)]).state == "hung"

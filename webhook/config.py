@@ -11,14 +11,15 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from hangwatch.modules import NEVER_RESTARTED, OBSERVERS
+from hangwatch.modules import MODULES as MODULE_TABLE
+from hangwatch.observation import PROBE_AUTO, PROBE_KINDS
 from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, mapping,
-                                optional_duration, show, string, string_list)
+                                optional_duration, secret_file, show, string, string_list)
 
 TOKEN_ENV = "HANGWATCH_WEBHOOK_TOKEN"
 # module -> may it ever be restarted?  A proxy or a FastChat front serves many backends:
-# restart those instead. The list is hangwatch/modules.py's, so a new module is known here too.
-MODULES = {name: name not in NEVER_RESTARTED for name in OBSERVERS}
+# restart those instead. The table is hangwatch/modules.py's, so a new module is known here too.
+MODULES = {name: row.restartable for name, row in MODULE_TABLE.items()}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # also used in lock file names
 _CONTAINER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # Docker's own name rule
 
@@ -42,6 +43,8 @@ class Target:
     url: str
     module: str = "backend"
     stop_timeout: float = 30.0
+    api_key: str | None = field(default=None, repr=False)  # api_key_file's contents: never printed
+    probe: str = PROBE_AUTO
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def load_token(config: Config, env=os.environ) -> str:
 def _target(raw, path: str) -> Target:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping, got {show(raw)}")
-    data = mapping(raw, path, {"name", "container", "url", "module", "stop_timeout"},
+    data = mapping(raw, path, {"name", "container", "url", "module", "stop_timeout", "api_key_file", "probe"},
                    required={"name", "container", "url"})
     name = string(data["name"], f"{path}.name")
     if not _NAME.match(name):
@@ -143,4 +146,9 @@ def _target(raw, path: str) -> Target:
         raise ConfigError(f"{path}.module: a {module} is never restarted (it fronts many backends); "
                           "list its backends as targets instead")
     stop_timeout = optional_duration(data, "stop_timeout", path, Target.stop_timeout, 0, 600)
-    return Target(name=name, container=container, url=url, module=module, stop_timeout=stop_timeout)
+    api_key = secret_file(data["api_key_file"], f"{path}.api_key_file") if "api_key_file" in data else None
+    probe = data.get("probe", PROBE_AUTO)
+    if probe not in PROBE_KINDS:
+        raise ConfigError(f"{path}.probe: {show(probe)} is not one of {', '.join(PROBE_KINDS)}")
+    return Target(name=name, container=container, url=url, module=module, stop_timeout=stop_timeout,
+                  api_key=api_key, probe=probe)

@@ -130,7 +130,8 @@ class Decider:
         recheck_started = self.clock()
         try:
             result = self.rechecker(target.url, module=target.module, interval=self.config.recheck.interval,
-                                    timeout=self.config.recheck.timeout)
+                                    timeout=self.config.recheck.timeout, api_key=target.api_key,
+                                    probe=target.probe)
             state, why = result.verdict.state, result.verdict.reason
         except Exception as exc:
             self.record(alert, target, SKIP, "recheck_error", f"{type(exc).__name__}: {exc}")

@@ -65,19 +65,23 @@ def samples_at(step: Step, module: str, engine: str = "vllm") -> dict[str, float
     if module == "proxy":
         return out
     out[_series_name("hangwatch_metrics_available")] = 1 if step.status == "ok" else 0
-    out[_series_name("hangwatch_probe_failed")] = 1 if step.probe is False else 0
+    out[_series_name("hangwatch_probe_failed")] = 1 if step.probe == "failed" else 0
+    out[_series_name("hangwatch_probe_rejected")] = 1 if step.probe == "rejected" else 0
     if step.status != "ok":
         return out
     v = step.values
     out[_series_name("hangwatch_requests_running")] = v["running"]
     out[_series_name("hangwatch_requests_waiting")] = v["waiting"]
     out[_series_name("hangwatch_requests_in_flight")] = step.in_flight
+    out[_series_name("hangwatch_requests_schedulable")] = step.schedulable
+    if v.get("deferred") is not None:
+        out[_series_name("hangwatch_requests_deferred")] = v["deferred"]
     out[_series_name("hangwatch_engine_asleep")] = 1 if v.get("asleep") else 0
     for key, name, extra in _COUNTERS:
         if v.get(key) is not None:
             out[_series_name(name, extra)] = v[key]
     if step.probe is not None:
-        out[_series_name("hangwatch_probe_success")] = 1 if step.probe else 0
+        out[_series_name("hangwatch_probe_success")] = 1 if step.probe == "answered" else 0
     return out
 
 

@@ -12,9 +12,10 @@ Step fields (see tests/scenarios/README.md for the full format):
   to scrape the exporter: no reading at all) or ``absent`` (no hangwatch target exists).
 - reading fields, carried over from the previous step unless given (``null`` = the engine
   does not provide it): ``running``, ``waiting``, ``steps``, ``prompt``, ``gen``,
-  ``prefix``, ``finished``, ``kv``, ``start``, ``asleep``.
-- ``probe``: ``ok`` / ``fail``; by default a probe is sent and succeeds exactly when the
-  exporter would send one (status ok, nothing in flight, not asleep).
+  ``prefix``, ``finished``, ``kv``, ``start``, ``asleep``, ``deferred`` (the waiting
+  requests the engine defers; ``null``, the default, = the engine does not say).
+- ``probe``: ``ok`` / ``fail`` / ``rejected`` (a 4xx); by default a probe is sent and
+  answers exactly when the exporter would send one (status ok, nothing in flight, not asleep).
 - ``expect``: the verdict of both engines after this step (``none`` for gap/absent steps).
   ``expect_promql`` (with ``why``) where the PromQL state necessarily differs in timing.
 - ``alerts``: the alert names firing at this step's evaluation time (default none).
@@ -44,9 +45,12 @@ EVAL_OFFSET = int(re.search(r"^\s*interval:\s*(\d+)s\s*$", RULE_FILES[0].read_te
 
 STATES = ("idle", "busy", "hung", "restarted", "blind", "down")
 STATUSES = ("ok", "blind", "refused", "timeout", "gap", "absent")
-READING_FIELDS = ("running", "waiting", "steps", "prompt", "gen", "prefix", "finished", "kv", "start", "asleep")
+READING_FIELDS = ("running", "waiting", "steps", "prompt", "gen", "prefix", "finished", "kv", "start", "asleep",
+                  "deferred")
 ALERTS = ("HangwatchBackendHung", "HangwatchBackendDown", "HangwatchBackendBlind",
-          "HangwatchBackendRestarted", "HangwatchExporterDown", "HangwatchExporterAbsent")
+          "HangwatchBackendRestarted", "HangwatchExporterDown", "HangwatchExporterAbsent",
+          "HangwatchProbeRejected", "HangwatchRequestsDeferred")
+PROBE_ENDINGS = {"ok": "answered", "fail": "failed", "rejected": "rejected"}
 STEP_KEYS = set(READING_FIELDS) | {"status", "probe", "expect", "expect_promql", "why", "alerts", "repeat", "note"}
 SCENARIO_KEYS = {"name", "description", "module", "engine", "grace", "steps", "alert_checks"}
 TARGET_LABELS = {"job": "hangwatch", "instance": "http://127.0.0.1:8000", "target": "vllm-a", "container": "vllm-a"}
@@ -57,7 +61,7 @@ class Step:
     index: int
     status: str
     values: dict            # reading fields (None = not provided by the engine)
-    probe: bool | None      # None: no probe sent
+    probe: str | None       # answered | failed | rejected; None: no probe sent
     expect: str             # a verdict, or "none"
     expect_promql: str
     why: str
@@ -70,6 +74,10 @@ class Step:
     @property
     def in_flight(self) -> float:
         return (self.values.get("running") or 0) + (self.values.get("waiting") or 0)
+
+    @property
+    def schedulable(self) -> float:
+        return self.in_flight - min(self.values.get("deferred") or 0, self.values.get("waiting") or 0)
 
     @property
     def time(self) -> int:
@@ -110,7 +118,7 @@ def load(path: Path) -> Scenario:
     if unknown:
         raise ScenarioError(f"{where}: unknown key {sorted(unknown)[0]!r}")
     module = data.get("module", "backend")
-    values: dict = {"running": 0, "waiting": 0, "asleep": 0}
+    values: dict = {"running": 0, "waiting": 0, "asleep": 0, "deferred": None}
     steps: list[Step] = []
     for n, raw in enumerate(data["steps"]):
         at = f"{where}: steps[{n}]"
@@ -142,7 +150,9 @@ def load(path: Path) -> Scenario:
         would_probe = status == "ok" and module == "backend" and in_flight == 0 and not values.get("asleep")
         if probe_field is not None and not would_probe:
             raise ScenarioError(f"{at}.probe: the exporter sends no probe here")
-        probe = None if not would_probe else (probe_field != "fail")
+        if probe_field is not None and probe_field not in PROBE_ENDINGS:
+            raise ScenarioError(f"{at}.probe: {probe_field!r} not one of {sorted(PROBE_ENDINGS)}")
+        probe = None if not would_probe else PROBE_ENDINGS[probe_field or "ok"]
         for _ in range(int(raw.get("repeat", 1))):
             steps.append(Step(len(steps), status, dict(values), probe, expect, expect_promql,
                               raw.get("why", ""), alerts))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from hangwatch.observe import Observation
-from hangwatch.probe import ProbeResult
+from hangwatch.observation import Observation
+from hangwatch.observation import ProbeResult
 from hangwatch.reading import Reading
 from hangwatch.verdict import judge
 
@@ -37,10 +37,12 @@ def observation_for(step: Step, module: str, scenario_engine: str = "vllm") -> O
     v = step.values
     reading = Reading(engine=scenario_engine, running=float(v["running"]), waiting=float(v["waiting"]),
                       asleep=bool(v.get("asleep")),
+                      deferred=None if v.get("deferred") is None else float(v["deferred"]),
                       **{field: (None if v.get(key) is None else float(v[key])) for key, field in _READING.items()})
     probe = None
     if step.probe is not None:
-        probe = ProbeResult(step.probe, 0.01, "1-token completion answered" if step.probe else "timed out")
+        probe = ProbeResult(step.probe, 0.01, {"answered": "1-token completion answered", "failed": "timed out",
+                                               "rejected": "rejected with HTTP 401"}[step.probe])
     return Observation(taken_at, "ok", reading=reading, probe=probe)
 
 

@@ -6,6 +6,7 @@ process). Real sockets, so the fetch code is exercised as in production.
 """
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ class PageServer:
     def __init__(self):
         self.pages: dict[str, Page] = {}
         self.requests: list[tuple[str, str]] = []
+        self.sent: list[tuple[str, str, object, str | None]] = []  # method, path, JSON body, Authorization
         self._release = threading.Event()
         server = self
 
@@ -34,8 +36,12 @@ class PageServer:
             def _answer(self):
                 server.requests.append((self.command, self.path))
                 length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = raw
+                server.sent.append((self.command, self.path, body, self.headers.get("Authorization")))
                 page = server.pages.get(self.path)
                 if page is None:
                     page = Page(b"not found", 404)

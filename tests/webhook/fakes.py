@@ -106,9 +106,10 @@ class FakeRechecker:
         self.gate: threading.Event | None = None
         self.lock = threading.Lock()
 
-    def __call__(self, url, *, module, interval, timeout):
+    def __call__(self, url, *, module, interval, timeout, api_key=None, probe="auto"):
         with self.lock:
-            self.calls.append({"url": url, "module": module, "interval": interval, "timeout": timeout})
+            self.calls.append({"url": url, "module": module, "interval": interval, "timeout": timeout,
+                               "api_key": api_key, "probe": probe})
         if self.gate is not None:
             assert self.gate.wait(10), "test never released the re-check"
         if isinstance(self.state, Exception):

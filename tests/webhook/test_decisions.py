@@ -20,7 +20,8 @@ def test_hung_backend_is_restarted_once_with_incident_record(harness, caplog):
     h.settle()
     assert h.docker.restarts == [("vllm-a", 30)]
     assert reasons(h) == [("restart", "hung")]
-    assert h.rechecker.calls == [{"url": "http://127.0.0.1:18000", "module": "backend", "interval": 1.0, "timeout": 1.0}]
+    assert h.rechecker.calls == [{"url": "http://127.0.0.1:18000", "module": "backend", "interval": 1.0, "timeout": 1.0,
+                                "api_key": None, "probe": "auto"}]
     lines = [r.getMessage() for r in caplog.records if "action=" in r.getMessage()]
     assert lines == [lines[0]] and lines[0].startswith(
         "alertname=HangwatchBackendHung target=vllm-a container=vllm-a action=restart reason=hung")
