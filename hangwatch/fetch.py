@@ -79,6 +79,8 @@ class _DeadlineSocket:
     def __init__(self, sock: socket.socket, deadline: Deadline):
         self._sock = sock
         self.deadline = deadline
+        self._io_refs = 0      # as socket.socket: a response may outlive its connection's close()
+        self._closed = False
 
     def _arm(self) -> None:
         left = self.deadline.left()
@@ -99,13 +101,18 @@ class _DeadlineSocket:
         self._sock.sendall(data, flags)
 
     def makefile(self, mode: str = "rb", buffering: int | None = None, **_):
+        self._io_refs += 1
         return io.BufferedReader(socket.SocketIO(self, "rb"), io.DEFAULT_BUFFER_SIZE)
 
     def _decref_socketios(self) -> None:  # socket.SocketIO.close() calls this
-        pass
+        self._io_refs = max(0, self._io_refs - 1)
+        if self._closed and self._io_refs == 0:
+            self._sock.close()
 
     def close(self) -> None:
-        self._sock.close()
+        self._closed = True
+        if self._io_refs == 0:
+            self._sock.close()
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -273,6 +280,7 @@ class Client:
                     break
                 size += len(chunk)
                 if size > limit:
+                    response.close()
                     connection.close()
                     if status < 300:
                         return Fetched(TOO_LARGE, http_status=status, error=f"answer exceeds {max_bytes} bytes",
@@ -281,10 +289,12 @@ class Client:
                     break
                 chunks.append(chunk)
         except (TimeoutError, socket.timeout):
+            response.close()
             connection.close()
             return Fetched(TIMEOUT, http_status=status, error=f"answer not complete within {budget:g}s",
                            elapsed=time.monotonic() - started)
         except (OSError, http.client.HTTPException) as exc:
+            response.close()
             connection.close()
             return Fetched(BROKEN, http_status=status, error=f"answer broken off: {_short(exc)}",
                            elapsed=time.monotonic() - started)
@@ -293,6 +303,7 @@ class Client:
         if response.isclosed() and not response.will_close and connection.sock is not None:
             self._give_back(origin, connection)
         else:
+            response.close()
             connection.close()
         if status >= 300:
             return Fetched(HTTP_ERROR, body=data[:limit], http_status=status, error=f"HTTP {status}",
