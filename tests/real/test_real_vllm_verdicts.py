@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from hangwatch.fetch import Client, Deadline
 from hangwatch.observe import observe_backend
 from hangwatch.verdict import judge
 from tests.real.vllm_server import LONG_PROMPT_TOKENS
@@ -113,13 +114,12 @@ def test_stopped_engine_core_with_nothing_in_flight_fails_its_probe_twice(vllm):
 
 def test_restart_is_restarted_and_counters_are_not_compared(real_vllm):
     """Runs last: a full stop (SIGTERM) and start on the same port."""
-    import requests
     real_vllm.thaw()
     real_vllm.wait_idle(60)
-    session = requests.Session()
-    before = observe_backend(session, real_vllm.url, timeout=5)
+    client = Client()
+    before = observe_backend(client, real_vllm.url, Deadline.after(5))
     real_vllm.restart()
-    after = observe_backend(session, real_vllm.url, timeout=5)
+    after = observe_backend(client, real_vllm.url, Deadline.after(5))
     assert after.reading.process_start > before.reading.process_start
     verdict = judge([before, after])
     assert (verdict.state, verdict.exit_code) == ("restarted", 0), verdict.reason

@@ -14,7 +14,8 @@ import requests
 
 from hangwatch import fastchat
 from hangwatch.check import check
-from hangwatch.modules import observer_for
+from hangwatch.fetch import Client, Deadline
+from hangwatch.modules import observe
 from hangwatch.verdict import judge
 from tests.real_fastchat.fleet import MODEL_NAME, generate_stream, wait_for
 
@@ -48,10 +49,9 @@ class Load:
 
 def observe_every(url, module, until, interval=INTERVAL, timeout=TIMEOUT, limit=20):
     """Observe ``url`` every ``interval`` seconds; return the observations once ``until(verdict)``."""
-    observations, session = [], requests.Session()
+    observations, client = [], Client()
     for _ in range(limit):
-        observations.append(observer_for(module)(session, url, timeout=timeout, probe_timeout=timeout,
-                                                 engine=None, clock=time.monotonic))
+        observations.append(observe(module, client, url, Deadline.after(timeout)))
         verdict = judge(observations)
         if until(verdict):
             return observations, verdict
@@ -64,10 +64,9 @@ def test_busy_worker_is_busy_unverified_and_never_probed(fleet):
     offset = worker.log_size()
     load = Load(worker.url, max_new_tokens=4000)
     wait_for(lambda: fleet.queue_length(worker) >= 1, 30, "the worker has the generation queued")
-    observations, session = [], requests.Session()
+    observations, client = [], Client()
     for _ in range(4):  # more readings, further apart, than "hung" would ever need
-        observations.append(observer_for("fastchat_worker")(session, worker.url, timeout=TIMEOUT,
-                                                           probe_timeout=TIMEOUT, engine=None, clock=time.monotonic))
+        observations.append(observe("fastchat_worker", client, worker.url, Deadline.after(TIMEOUT)))
         verdict = judge(observations)
         assert verdict.state == "busy" and "unverified" in verdict.reason, verdict.reason
         time.sleep(INTERVAL)
@@ -119,15 +118,15 @@ def test_killed_worker_is_down(fleet):
 def test_controller_and_api_checks_leave_dispatch_and_registration_unchanged(fleet):
     """A day of 15-second checks (5,760 each) of the controller and the API server."""
     checks = 24 * 3600 // 15
-    session = requests.Session()
+    client = Client()
     models_before = fleet.registered_models()
     controller_offset = fleet.controller.log_size()
     worker_offsets = [w.log_size() for w in fleet.workers]
     api_offset = fleet.api.log_size()
     started = time.monotonic()
     for _ in range(checks):
-        c = fastchat.observe_controller(session, fleet.controller.url, timeout=5)
-        a = fastchat.observe_api(session, fleet.api.url, timeout=5)
+        c = fastchat.observe_controller(client, fleet.controller.url, Deadline.after(5))
+        a = fastchat.observe_api(client, fleet.api.url, Deadline.after(5))
         assert c.status == a.status == "ok", (c.error, a.error)
         assert c.listed_models == a.listed_models == (MODEL_NAME,)
     elapsed = time.monotonic() - started
