@@ -20,6 +20,9 @@ may follow the read; ``interval`` between readings)::
     wedged process   timeout, interval, timeout           -> 3 x timeout + interval
     failed idle probe  read+probe, interval, read+probe   -> 3 x timeout + interval
     stalled engine   read, interval, read, interval, read -> 2 x interval + 2 x timeout
+
+(a reading is started only if it could still take the longest a reading takes), plus half
+a timeout for the reads that did answer.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from .observe import Observation
 from .verdict import BUSY, HUNG, IDLE, RESTARTED, Verdict
 
 # The defaults behind /livez, /readyz and `hangwatch check --liveness`: hung is reachable
-# in one call (needed_budget(2, 2) = 8 s) and the answer comes within 9 s, so a kubelet
+# in one call (needed_budget(2, 2) = 9 s) and the answer comes within 9 s, so a kubelet
 # with timeoutSeconds 10 never counts a slow answer as a failure.
 INTERVAL, TIMEOUT, BUDGET = 2.0, 2.0, 9.0
 
@@ -46,8 +49,10 @@ def reading_seconds(module: str, timeout: float) -> float:
 
 
 def needed_budget(interval: float, timeout: float) -> float:
-    """The smallest budget in which every kind of hang can be reached in one check."""
-    return max(3 * timeout + interval, 2 * interval + 2 * timeout)
+    """The smallest budget in which every kind of hang can be reached in one check: the
+    longest path above, plus half a timeout for the readings that did answer (a /metrics
+    read takes milliseconds, but not none)."""
+    return max(3 * timeout + interval, 2 * interval + 2 * timeout) + timeout / 2
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,8 @@ def budget_error(interval: float, timeout: float, budget: float) -> str | None:
     need = needed_budget(interval, timeout)
     if budget + 1e-9 < need:
         return (f"{budget:g}s cannot hold a check that reaches hung "
-                f"(needs at least max(3 x timeout + interval, 2 x interval + 2 x timeout) = {need:g}s)")
+                f"(needs at least max(3 x timeout + interval, 2 x interval + 2 x timeout) + timeout / 2"
+                f" = {need:g}s)")
     if not math.isfinite(budget):
         return "must be finite"
     return None
