@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hangwatch import liveness
 from hangwatch.observation import PROBE_AUTO, PROBE_KINDS, Options
-from hangwatch.settings import ConfigError, duration, http_url, load_yaml, mapping, secret_file, show
+from hangwatch.settings import (ConfigError, duration, http_url, load_yaml, mapping, optional_duration, secret_file,
+                                show)
 
 __all__ = ["ConfigError", "ExporterConfig", "TargetSettings", "exporter_config", "load_exporter_config"]
 
@@ -30,6 +32,10 @@ class ExporterConfig:
     allow_targets: tuple[str, ...] = ()  # empty: any target (listen on loopback then!)
     api_key: str | None = field(default=None, repr=False)  # api_key_file: the default for every target
     targets: tuple[TargetSettings, ...] = ()
+    # The bounded check behind /livez and /readyz (hangwatch.liveness).
+    liveness_interval: float = liveness.INTERVAL
+    liveness_timeout: float = liveness.TIMEOUT
+    liveness_budget: float = liveness.BUDGET
 
     def allows(self, target: str) -> bool:
         return not self.allow_targets or target.rstrip("/") in self.allow_targets
@@ -59,7 +65,8 @@ def _target_settings(raw: Any, path: str) -> TargetSettings:
 def exporter_config(data: Any) -> ExporterConfig:
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {show(data)}")
-    data = mapping(data, "", {"timeout", "timeout_offset", "allow_targets", "api_key_file", "targets"})
+    data = mapping(data, "", {"timeout", "timeout_offset", "allow_targets", "api_key_file", "targets",
+                              "liveness_interval", "liveness_timeout", "liveness_budget"})
     defaults = ExporterConfig()
     timeout = defaults.timeout
     if "timeout" in data:
@@ -79,12 +86,21 @@ def exporter_config(data: Any) -> ExporterConfig:
         if target.url in seen:
             raise ConfigError(f"targets[{i}].url: {target.url!r} is already set by targets[{seen[target.url]}]")
         seen[target.url] = i
+    interval = optional_duration(data, "liveness_interval", "", defaults.liveness_interval, 0.01, 600)
+    check_timeout = optional_duration(data, "liveness_timeout", "", defaults.liveness_timeout, 0.01, 600)
+    budget = optional_duration(data, "liveness_budget", "", defaults.liveness_budget, 0.01, 3600)
+    problem = liveness.budget_error(interval, check_timeout, budget)
+    if problem:
+        raise ConfigError(f"liveness_budget: {problem}")
     return ExporterConfig(
         timeout=timeout,
         timeout_offset=offset,
         allow_targets=tuple(http_url(t, f"allow_targets[{i}]", allow_path=True) for i, t in enumerate(targets)),
         api_key=secret_file(data["api_key_file"], "api_key_file") if "api_key_file" in data else None,
         targets=settings,
+        liveness_interval=interval,
+        liveness_timeout=check_timeout,
+        liveness_budget=budget,
     )
 
 

@@ -23,6 +23,7 @@ from hangwatch.observation import PROBE_KINDS
 from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
 
 from .config import ExporterConfig, load_exporter_config
+from .health import answer_health, shared_checks
 
 # Keep-alive connections to the backends, shared by every scrape (the same backends are read
 # every scrape interval; a new TCP connection per scrape is wasted work on both sides).
@@ -38,7 +39,9 @@ INDEX = b"""<html><head><title>hangwatch exporter</title></head><body>
 <h1>hangwatch exporter</h1>
 <p>Reads a model server's own /metrics and says idle, busy or hung, without consuming its slots.</p>
 <ul><li><a href="/metrics">/metrics</a> (the exporter's own health)</li>
-<li>/probe?target=http://127.0.0.1:8000&amp;module=backend (module: backend or proxy)</li></ul>
+<li>/probe?target=http://127.0.0.1:8000&amp;module=backend (module: backend or proxy)</li>
+<li>/livez?target=...&amp;module=... (503 only when hung: a kubelet's liveness probe)</li>
+<li>/readyz?target=...&amp;module=... (503 unless it can take work now: a readiness probe)</li></ul>
 </body></html>
 """
 
@@ -81,6 +84,8 @@ def answer_probe(query: str, timeout_header: str | None, config: ExporterConfig)
 
 
 def make_handler(config: ExporterConfig):
+    checks = shared_checks(config)  # /livez and /readyz share one bounded check per target
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "hangwatch-exporter"
 
@@ -93,6 +98,8 @@ def make_handler(config: ExporterConfig):
                 module = parse_qs(url.query).get("module", ["backend"])[0]
                 PROBES.labels(module if module in OBSERVERS else "invalid", str(code)).inc()
                 PROBE_SECONDS.observe(time.monotonic() - started)
+            elif url.path in ("/livez", "/readyz"):
+                code, content_type, body = answer_health(url.path[1:], url.query, config, checks)
             elif url.path == "/metrics":
                 code, content_type, body = 200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY)
             elif url.path == "/":

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--probe", choices=PROBE_KINDS, default=PROBE_AUTO,
                    help="what the idle probe asks: auto (default), completion, embedding, none")
     c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--liveness", action="store_true",
+                   help="an exec liveness probe: exit 1 only for hung (0 for anything else), "
+                        "within max(2 x timeout + interval, 2 x interval + timeout) + timeout / 2 (see docs/kubernetes.md)")
     c.add_argument("-v", "--verbose", action="store_true", help="print each reading to stderr")
 
     e = commands.add_parser("exporter", help="the Prometheus exporter (/probe?target=...)")
@@ -105,6 +108,8 @@ def run_check(args) -> int:
             api_key = secret_file(args.api_key_file, "--api-key-file")
         except ConfigError as exc:
             raise _usage(str(exc)) from None
+    if args.liveness:
+        return run_liveness(args, url, module, show, api_key=api_key, probe=args.probe)
     result = check(url, module=module, interval=args.interval, timeout=args.timeout, grace=args.grace,
                    engine=args.engine, api_key=api_key, probe=args.probe, on_observation=show)
     if args.json:
@@ -112,6 +117,23 @@ def run_check(args) -> int:
     else:
         print(f"{result.verdict.state}: {result.verdict.reason}")
     return result.exit_code
+
+
+def run_liveness(args, url: str, module: str, show, **target) -> int:
+    """`check --liveness`: the bounded check behind the exporter's /livez, as an exit code."""
+    from . import liveness
+    budget = liveness.needed_budget(args.interval, args.timeout)
+    outcome = liveness.run_with_deadline(lambda: liveness.bounded_check(
+        url, module=module, interval=args.interval, timeout=args.timeout, budget=budget,
+        grace=args.grace, engine=args.engine, on_observation=show, **target), budget + 1.0)
+    answer = liveness.liveness(outcome)
+    code = 0 if answer.ok else 1
+    if args.json:
+        body = outcome.result.as_json() if outcome else {"verdict": None}
+        print(json.dumps(body | {"live": answer.ok, "why": answer.why, "exit_code": code}))
+    else:
+        print(f"{'alive' if answer.ok else 'not alive'}: {answer.why}")
+    return code
 
 
 def _usage(message: str) -> SystemExit:

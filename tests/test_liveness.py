@@ -1,0 +1,251 @@
+"""/livez and /readyz on the exporter, and `hangwatch check --liveness`, against the simulator.
+
+What a kubelet relies on: 503 from /livez only for hung (never for a pod loading weights, a
+long prefill or a server hangwatch cannot read); an answer always inside the budget; no
+request to a backend with work in flight; concurrent calls for one target sharing one check
+(counted by the simulator, which counts every inference request it receives); and the same
+target validation and allowlist as /probe.
+"""
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+from hangwatch.cli import main as hangwatch_main
+from hangwatch.exporter.config import ConfigError, ExporterConfig, exporter_config
+from hangwatch.exporter.health import SharedChecks
+from hangwatch.exporter.server import make_server
+from hangwatch.liveness import Bounded, bounded_check, liveness, needed_budget, readiness
+from hangwatch.simulator import Simulator
+from tests.support.pages import Page, PageServer
+from tests.test_reading import VLLM_TWO_ENGINES
+
+# Short readings for unit tests: hung is reachable in needed_budget(0.3, 0.3) = 1.05 s.
+FAST = {"liveness_interval": "300ms", "liveness_timeout": "300ms", "liveness_budget": "1500ms"}
+BUDGET = 1.5
+
+
+@pytest.fixture
+def sim():
+    simulator = Simulator().start()
+    yield simulator
+    simulator.thaw()
+    simulator.stop()
+
+
+def start_exporter(config):
+    server = make_server("127.0.0.1:0", config)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture
+def exporter():
+    server, url = start_exporter(exporter_config(FAST))
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+def ask(exporter, endpoint, target, module=None):
+    params = {"target": target} | ({"module": module} if module else {})
+    started = time.monotonic()
+    answer = requests.get(f"{exporter}/{endpoint}", params=params, timeout=10)
+    return answer, time.monotonic() - started
+
+
+def both(exporter, target):
+    """(livez code, readyz code, livez body), each answered within the budget."""
+    live, live_s = ask(exporter, "livez", target)
+    ready, ready_s = ask(exporter, "readyz", target)
+    assert live_s < BUDGET + 0.5 and ready_s < BUDGET + 0.5, (live_s, ready_s)
+    return live.status_code, ready.status_code, live.json()
+
+
+# -- what each state answers ---------------------------------------------------------------------
+def test_idle_backend_is_live_and_ready_after_one_probe_each(exporter, sim):
+    live, ready, body = both(exporter, sim.url)
+    assert (live, ready) == (200, 200)
+    assert (body["verdict"], body["probe_sent"], body["ok"]) == ("idle", True, True)
+    assert sim.inference_requests == 2  # one check per call (these two did not overlap)
+
+
+@pytest.mark.parametrize("state, params", [("busy", {"n": 4}), ("saturated", {}),
+                                           ("long_prefill", {"prompt_tokens": 30000})])
+def test_loaded_backend_is_live_and_ready_and_never_probed(exporter, sim, state, params):
+    sim.set_state(state, **params)
+    assert sim.wait_for(lambda: sim.running > 0)
+    before = sim.inference_requests
+    for _ in range(3):
+        live, ready, body = both(exporter, sim.url)
+        assert (live, ready) == (200, 200), body["why"]
+        assert body["verdict"] == "busy" and body["probe_sent"] is False
+    assert sim.inference_requests == before
+
+
+def test_frozen_engine_with_work_in_flight_is_503_within_one_call(exporter, sim):
+    sim.set_state("busy", n=3)
+    assert sim.wait_for(lambda: sim.running == 3)
+    sim.freeze()
+    before = sim.inference_requests
+    live, ready, body = both(exporter, sim.url)
+    assert (live, ready) == (503, 503)
+    assert body["verdict"] == "hung" and body["readings"] == 3 and body["probe_sent"] is False
+    assert sim.inference_requests == before
+    sim.thaw()
+    assert both(exporter, sim.url)[:2] == (200, 200)
+
+
+def test_frozen_idle_engine_is_503_after_two_failed_probes(exporter, sim):
+    sim.set_state("frozen_idle")
+    live, ready, body = both(exporter, sim.url)
+    assert (live, ready) == (503, 503)
+    assert "probe failed 2 times" in body["why"]
+
+
+def test_wedged_process_is_503(exporter, sim):
+    sim.set_state("unresponsive")
+    live, ready, body = both(exporter, sim.url)
+    assert (live, ready) == (503, 503)
+    assert "server process is wedged" in body["why"]
+
+
+@pytest.mark.parametrize("state, verdict", [("dead", "down"), ("metrics_missing", "blind"),
+                                            ("metrics_garbage", "blind"), ("asleep", "idle")])
+def test_backend_that_cannot_serve_but_is_not_hung_is_live_and_not_ready(exporter, sim, state, verdict):
+    sim.set_state(state)
+    live, ready, body = both(exporter, sim.url)
+    assert (live, ready, body["verdict"]) == (200, 503, verdict), body["why"]
+
+
+def test_restarted_backend_is_live_and_ready_once_it_answers(exporter, sim):
+    sim.set_state("dead")
+    assert both(exporter, sim.url)[:2] == (200, 503)  # loading weights: never killed, not in rotation
+    sim.revive()
+    assert both(exporter, sim.url)[:2] == (200, 200)
+
+
+# -- sharing -------------------------------------------------------------------------------------
+def test_concurrent_calls_for_one_target_share_one_check(exporter, sim):
+    """A frozen idle engine holds the check's first probe: every call made meanwhile joins it."""
+    sim.set_state("frozen_idle")
+    answers = []
+
+    def call(endpoint):
+        answers.append((endpoint, *ask(exporter, endpoint, sim.url)))
+
+    first = threading.Thread(target=call, args=("livez",))
+    first.start()
+    assert sim.wait_for(lambda: sim.inference_requests == 1, timeout=2), "the first probe did not arrive"
+    others = [threading.Thread(target=call, args=(("livez", "readyz")[i % 2],)) for i in range(7)]
+    for thread in others:
+        thread.start()
+    for thread in [first, *others]:
+        thread.join(10)
+    assert len(answers) == 8
+    assert sim.inference_requests == 2, "each call sent its own probes"
+    assert {(endpoint, answer.status_code) for endpoint, answer, _ in answers} == {("livez", 503), ("readyz", 503)}
+    assert sorted(answer.json()["shared"] for _, answer, _ in answers) == [False] + [True] * 7
+    assert all(seconds < BUDGET + 0.5 for _, _, seconds in answers)
+
+
+def test_shared_check_that_overruns_answers_at_its_deadline_and_is_never_doubled():
+    release, calls = threading.Event(), []
+
+    def run(target, module):
+        calls.append(target)
+        release.wait(10)
+        return None
+
+    checks = SharedChecks(run, budget=0.3)
+    started = time.monotonic()
+    assert checks.result("http://a:1", "backend") == (None, False)
+    assert 0.25 < time.monotonic() - started < 1.0
+    late = time.monotonic()
+    assert checks.result("http://a:1", "backend") == (None, True)  # still running: no second check
+    assert time.monotonic() - late < 0.1
+    assert liveness(None).ok and not readiness(None).ok
+    release.set()
+    deadline = time.monotonic() + 5
+    while checks.result("http://a:1", "backend")[1] and time.monotonic() < deadline:
+        pass
+    assert len(calls) == 2  # a new check once the overrunning one ended
+    release.set()
+
+
+# -- the budget ----------------------------------------------------------------------------------
+def test_bounded_check_stops_before_the_budget_and_is_never_hung_for_it():
+    backend = PageServer()
+    try:
+        backend.pages["/metrics"] = Page(VLLM_TWO_ENGINES.encode())  # 6 in flight, nothing moves
+        bounded = bounded_check(backend.url, interval=0.2, timeout=0.2, budget=1.0, grace=30)
+    finally:
+        backend.stop()
+    assert not bounded.complete and bounded.seconds <= 1.0
+    assert bounded.verdict.state == "busy" and len(bounded.result.observations) >= 3
+    assert liveness(bounded).ok and "budget ended the check" in liveness(bounded).why
+    assert not any(method == "POST" for method, _ in backend.requests)
+
+
+def test_budget_too_small_to_reach_hung_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"^liveness_budget: .*needs at least .* = 7s"):
+        exporter_config({"liveness_budget": "5s"})
+    with pytest.raises(ConfigError, match=r"^liveness_interval: "):
+        exporter_config({"liveness_interval": 2})
+    assert needed_budget(2, 2) == 7 and ExporterConfig().liveness_budget >= needed_budget(2, 2)
+
+
+# -- not an open relay ---------------------------------------------------------------------------
+@pytest.mark.parametrize("endpoint", ["livez", "readyz"])
+def test_bad_and_forbidden_targets_are_refused_without_a_request(endpoint):
+    backend = PageServer()
+    server, url = start_exporter(exporter_config(FAST | {"allow_targets": [backend.url]}))
+    elsewhere = backend.url.replace("127.0.0.1", "localhost")  # the same server, not on the list
+    try:
+        assert requests.get(f"{url}/{endpoint}", timeout=5).status_code == 400
+        assert ask(url, endpoint, backend.url.replace("//", "//user:pw@"))[0].status_code == 400
+        assert ask(url, endpoint, backend.url, module="nope")[0].status_code == 400
+        assert ask(url, endpoint, elsewhere)[0].status_code == 403
+        assert backend.requests == []
+        assert ask(url, endpoint, backend.url)[0].status_code in (200, 503)  # allowed: checked
+        assert backend.requests
+    finally:
+        server.shutdown()
+        server.server_close()
+        backend.stop()
+
+
+# -- hangwatch check --liveness --------------------------------------------------------------------
+def liveness_exit(url, capsys, *extra):
+    code = hangwatch_main(["check", url, "--liveness", "--interval", "0.3", "--timeout", "0.3", "--json", *extra])
+    body = json.loads(capsys.readouterr().out)
+    assert body["exit_code"] == code and body["live"] is (code == 0)
+    return code, body
+
+
+@pytest.mark.parametrize("state, verdict", [("idle", "idle"), ("dead", "down"), ("metrics_missing", "blind")])
+def test_check_liveness_exits_zero_for_anything_but_hung(sim, capsys, state, verdict):
+    sim.set_state(state)
+    code, body = liveness_exit(sim.url, capsys)
+    assert (code, body["verdict"]) == (0, verdict)
+
+
+def test_check_liveness_exits_one_for_hung_within_its_budget(sim, capsys):
+    sim.set_state("busy", n=2)
+    assert sim.wait_for(lambda: sim.running == 2)
+    sim.freeze()
+    started = time.monotonic()
+    code, body = liveness_exit(sim.url, capsys)
+    assert (code, body["verdict"]) == (1, "hung")
+    assert time.monotonic() - started < needed_budget(0.3, 0.3) + 0.5
+
+
+def test_readiness_and_liveness_of_a_complete_check_follow_the_verdict():
+    from hangwatch.check import CheckResult
+    from hangwatch.observe import Observation
+    from hangwatch.verdict import Verdict
+    down = Bounded(CheckResult(Verdict("down", "connection refused"), "backend",
+                               (Observation(0.0, "refused", error="connection refused"),)), True, 0.0)
+    assert liveness(down).ok and not readiness(down).ok
