@@ -1,0 +1,103 @@
+"""The shape of the house (docs/design.md, "Where things are"), checked rather than hoped for.
+
+- The verdict core (``hangwatch/``) imports no face, no web framework, no Docker SDK and no
+  prometheus_client; only ``hangwatch/cli.py`` knows every face.
+- A face (``exporter/`` = ``hangwatch.exporter``, ``webhook/`` = ``hangwatch.webhook``)
+  imports the core, never the other face; the simulator (a tool) imports no face.
+- Everything installed lives under ``hangwatch``: a built wheel holds nothing else.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FRAMEWORKS = ("flask", "werkzeug", "waitress", "docker", "prometheus_client")
+FACES = {"exporter": "hangwatch.exporter", "webhook": "hangwatch.webhook"}
+
+
+def imported(path: Path, package: str) -> set[str]:
+    """Every module ``path`` imports, absolute (relative imports resolved against ``package``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names |= {f"{module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def offending(names: set[str], forbidden: tuple[str, ...]) -> set[str]:
+    return {name for name in names if any(name == f or name.startswith(f + ".") for f in forbidden)}
+
+
+CORE = sorted(p for p in (ROOT / "hangwatch").glob("*.py") if p.name not in ("cli.py", "__main__.py"))
+
+
+@pytest.mark.parametrize("path", CORE, ids=[p.name for p in CORE])
+def test_the_core_imports_no_face_and_no_framework(path):
+    bad = offending(imported(path, "hangwatch"), (*FACES.values(), "hangwatch.simulator", *FRAMEWORKS))
+    assert not bad, f"hangwatch/{path.name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("folder", sorted(FACES))
+def test_a_face_never_imports_the_other_face(folder):
+    other = [name for key, name in FACES.items() if key != folder]
+    for path in sorted((ROOT / folder).glob("*.py")):
+        bad = offending(imported(path, FACES[folder]), (*other, folder, "hangwatch.simulator",
+                                                        *(k for k in FACES if k != folder)))
+        assert not bad, f"{folder}/{path.name} imports {sorted(bad)}"
+
+
+def test_the_exporter_needs_no_web_framework_and_no_docker():
+    for path in sorted((ROOT / "exporter").glob("*.py")):
+        bad = offending(imported(path, "hangwatch.exporter"), ("flask", "werkzeug", "waitress", "docker"))
+        assert not bad, f"exporter/{path.name} imports {sorted(bad)}"
+
+
+def test_the_simulator_imports_no_face():
+    for path in sorted((ROOT / "simulator").glob("*.py")):
+        bad = offending(imported(path, "hangwatch.simulator"), tuple(FACES.values()))
+        assert not bad, f"simulator/{path.name} imports {sorted(bad)}"
+
+
+def test_the_checker_itself_catches_a_forbidden_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from ..webhook import app\nimport flask\nfrom .fetch import Client\n")
+    found = imported(bad, "hangwatch.exporter")
+    assert offending(found, ("hangwatch.webhook", "flask")) == {"hangwatch.webhook", "hangwatch.webhook.app", "flask"}
+    assert "hangwatch.exporter.fetch" in found
+
+
+def test_tests_import_the_installed_names_only():
+    old = ("exporter", "webhook", "simulator")
+    for path in sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "demo").glob("*.py")) \
+            + sorted((ROOT / "bench").glob("*.py")):
+        bad = {name for name in imported(path, "tests") if name.split(".")[0] in old}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}: use hangwatch.*"
+
+
+def test_the_wheel_installs_nothing_outside_hangwatch(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                           "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    wheel = next(tmp_path.glob("hangwatch-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    outside = sorted({name.split("/")[0] for name in names} - {"hangwatch"}
+                     - {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")})
+    assert not outside, f"the wheel installs {outside} beside hangwatch"
+    for expected in ("hangwatch/check.py", "hangwatch/exporter/server.py", "hangwatch/webhook/app.py",
+                     "hangwatch/simulator/pages/single.prom"):
+        assert expected in names, expected
