@@ -471,10 +471,11 @@ class Simulator:
                  manual_clock: bool = False, clock: Clock | None = None,
                  max_num_seqs: int = 8, max_model_len: int = 65536, step_seconds: float = 0.05,
                  prefill_tokens_per_second: float = 6000.0, chunk_tokens: int = 2048,
-                 kv_capacity_tokens: int = 65536, host: str = "127.0.0.1"):
+                 kv_capacity_tokens: int = 65536, host: str = "127.0.0.1", api_key: str | None = None):
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("the simulator listens on loopback only")
         self.model = model
+        self.api_key = api_key  # as vLLM --api-key: every /v1/* call without it answers 401
         self.multiprocess = multiprocess
         self.host = host
         self.clock = clock or Clock(manual=manual_clock)
@@ -819,6 +820,15 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             return None
 
+    def _refused(self, path: str, started: float) -> bool:
+        """vLLM --api-key: /v1/* without ``Authorization: Bearer KEY`` is 401 (measured, 0.32)."""
+        key = self.simulator.api_key
+        if key and path.startswith("/v1/") and self.headers.get("Authorization") != f"Bearer {key}":
+            self._body()
+            self._json(401, {"error": "Unauthorized"}, path, started)
+            return True
+        return False
+
     # -- routes --------------------------------------------------------------------------
     def do_GET(self) -> None:
         sim = self.simulator
@@ -826,6 +836,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         path = self.path.split("?", 1)[0]
         started = time.monotonic()
+        if self._refused(path, started):
+            return
         if path == "/metrics" or path.startswith("/metrics/"):
             if sim._mode == "metrics_missing":
                 return self._json(404, {"detail": "Not Found"}, "/metrics")
@@ -852,6 +864,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         path = self.path.split("?", 1)[0]
         started = time.monotonic()
+        if self._refused(path, started):
+            return
         if path == "/_sim/state":
             body = self._body() or {}
             try:
@@ -1000,10 +1014,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", help=f"a state, a built-in ({', '.join(SCENARIOS)}) "
                                            "or a JSON/YAML file of steps")
     parser.add_argument("--loop", action="store_true", help="repeat the scenario")
+    parser.add_argument("--api-key-file", help="as vLLM --api-key: /v1/* answers 401 without this key")
     args = parser.parse_args(argv)
     host, port = args.listen
     steps = load_scenario(args.scenario) if args.scenario else []
-    sim = Simulator(args.model, multiprocess=args.multiprocess, host=host).start(port)
+    api_key = open(args.api_key_file, encoding="utf-8").read().strip() if args.api_key_file else None
+    sim = Simulator(args.model, multiprocess=args.multiprocess, host=host, api_key=api_key).start(port)
     stop = threading.Event()
 
     def _stop(*_):
