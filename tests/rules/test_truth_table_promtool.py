@@ -12,6 +12,7 @@ failure.
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -19,7 +20,7 @@ import yaml
 from hangwatch.rules.render import Settings
 from tests.support.require import require_binary
 
-from .gen_promtool import BASELINE, SEMANTICS, VARIANTS, promtool_test, rule_files, write_all
+from .gen_promtool import BASELINE, PER_SEMANTICS, VARIANTS, Timing, promtool_test, rule_files, write_all
 from .scenarios import load_all
 
 SCENARIOS = load_all()
@@ -45,12 +46,12 @@ def rules(tmp_path_factory):
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_promql_state_and_alerts_match_truth_table(scenario, rules, tmp_path):
-    """Every variant (4 offsets x on/off schedule) under both range semantics."""
+    """On the schedule and at 4 offsets off it (jittered); closed and left-open ranges."""
     promtool = require_binary("promtool")
     paths = []
-    for semantics in SEMANTICS:
+    for semantics, variants in PER_SEMANTICS.items():
         path = tmp_path / f"{scenario.name}.{semantics}.test.yml"
-        document = promtool_test(scenario, rules(scenario.scrape_interval, semantics), VARIANTS)
+        document = promtool_test(scenario, rules(scenario.scrape_interval, semantics), variants)
         path.write_text(yaml.safe_dump(document, sort_keys=False, width=200))
         paths.append(path)
     result = run(promtool, paths)
@@ -62,6 +63,28 @@ def test_shrunk_rules_keep_the_truth_table(tmp_path):
     scrape interval: rules rendered for a 3 s scrape with wall-clock durations x 1/5 pass the
     same truth table, every time scaled alike."""
     promtool = require_binary("promtool")
-    paths = write_all(tmp_path, scale=0.2, variants=BASELINE + (VARIANTS[-1],))
+    paths = write_all(tmp_path, scale=0.2, variants=(BASELINE[0], VARIANTS[-1]))
     result = run(promtool, paths)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+
+
+GRACE_SCENARIOS = {"llamacpp": "llamacpp_grace_3s", "sglang": "sglang_grace_3s", "tgi": "tgi_grace_3s"}
+
+
+@pytest.mark.parametrize("engine", sorted(GRACE_SCENARIOS))
+def test_each_engines_grace_branch_is_needed_at_a_3s_scrape(engine, tmp_path):
+    """The per-engine grace is behaviour, not text: render the 3 s rules without one engine's
+    branch (its min_grace as 0) and that engine's scenario fails - hung 24 s too early - while
+    it passes with the branch (test_promql_state_and_alerts_match_truth_table)."""
+    promtool = require_binary("promtool")
+    scenario = next(s for s in SCENARIOS if s.name == GRACE_SCENARIOS[engine])
+    engines = tuple(replace(e, min_grace=0.0) if e.name == engine else e for e in Settings().engines)
+    paths = rule_files(tmp_path / "rules", Settings(scrape_interval=3.0, engines=engines))
+    assert f'engine="{engine}"' not in paths[0].read_text()
+    path = tmp_path / "without-branch.test.yml"
+    path.write_text(yaml.safe_dump(promtool_test(scenario, paths, BASELINE), sort_keys=False, width=200))
+    result = run(promtool, [path])
+    assert result.returncode != 0, f"{scenario.name} passes without the {engine} grace branch"
+    output = result.stdout + result.stderr
+    step4 = Timing(3000, BASELINE[0]).state_check(4) / 1000  # three flat readings: hung without the grace
+    assert f"time: {int(step4)}s{round(step4 % 1 * 1000)}ms" in output and 'state="hung"} 1' in output, output[-3000:]
