@@ -87,4 +87,5 @@ def test_each_engines_grace_branch_is_needed_at_a_3s_scrape(engine, tmp_path):
     assert result.returncode != 0, f"{scenario.name} passes without the {engine} grace branch"
     output = result.stdout + result.stderr
     step4 = Timing(3000, BASELINE[0]).state_check(4) / 1000  # three flat readings: hung without the grace
-    assert f"time: {int(step4)}s{round(step4 % 1 * 1000)}ms" in output and 'state="hung"} 1' in output, output[-3000:]
+    failure = output.split(f"time: {int(step4)}s{round(step4 % 1 * 1000)}ms", 1)[-1].split("expr:", 1)[0]
+    assert 'got:' in failure and 'state="hung", target="vllm-a"} 1E+00' in failure.split("got:")[1], output[-3000:]
