@@ -333,3 +333,9 @@ def write(out: Path, settings: Settings = Settings(), names: Iterable[str] = TEM
         written.append(path)
     return written
 
+
+
+def shrunk(scrape_interval: float) -> Settings:
+    """Tests and demos: the rules for ``scrape_interval`` with every duration, wall-clock ones too,
+    scaled as the scrape interval is from 15 s (a 10-minute alert waits 40 s at a 1 s scrape)."""
+    return Settings(scrape_interval=scrape_interval, wall_clock_scale=scrape_interval / DEFAULT_SCRAPE)
