@@ -226,6 +226,11 @@ def test_the_image_holds_the_packages_the_services_run():
     for package in re.findall(r'"(\w+)"', packages):
         assert f"COPY {package} ./{package}" in dockerfile, package
         assert f"!{package}/" in (REPO / ".dockerignore").read_text(), package
+    folders = re.findall(r'^"hangwatch[\w.]*"\s*=\s*"([\w/]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert "rules" in folders and "grafana/dashboards" in folders
+    for folder in folders:  # every installed package's folder (package-dir), rules and dashboards too
+        assert f"COPY {folder} ./{folder}" in dockerfile, folder
+        assert f"!{folder}/" in (REPO / ".dockerignore").read_text(), folder
     assert re.search(r"^USER \d+", dockerfile, re.M), "the image runs unprivileged by default"
     assert services()["webhook"]["user"] == "0:0"  # the one exception: the Docker socket
 
