@@ -8,6 +8,8 @@ COPY hangwatch ./hangwatch
 COPY exporter ./exporter
 COPY webhook ./webhook
 COPY simulator ./simulator
+COPY rules ./rules
+COPY grafana/dashboards ./grafana/dashboards
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

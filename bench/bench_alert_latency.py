@@ -18,7 +18,6 @@ exporter's own fixed overheads do not scale, so that estimate is slightly high).
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import tempfile
@@ -28,21 +27,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.stack import RULE_FILES, Stack, load_retime, wait_until  # noqa: E402
+from hangwatch.rules.render import Settings, parse_interval, readings_windows, rule_groups  # noqa: E402
+from tests.e2e.stack import Stack, wait_until  # noqa: E402
 
 
 def shipped_windows(scrape_interval: float) -> dict[str, float]:
-    """The hang-path durations in the rule files, retimed to ``scrape_interval`` (seconds)."""
-    retime = load_retime()
-    recording = retime.retime_text(RULE_FILES[0].read_text(), scrape_interval)
-    alerts = retime.retime_text(RULE_FILES[1].read_text(), scrape_interval)
-    hung_rule = alerts[alerts.index("alert: HangwatchBackendHung"):]
+    """The hang-path durations of the rules rendered for ``scrape_interval`` (seconds)."""
+    groups = {name: rule_groups(name, Settings(scrape_interval=scrape_interval))
+              for name in ("hangwatch-recording.yml", "hangwatch-alerts.yml")}
+    hung_rule = next(rule for rule in groups["hangwatch-alerts.yml"][0]["rules"]
+                     if rule.get("alert") == "HangwatchBackendHung")
     return {
         "scrape": scrape_interval,
-        "window": retime.parse_duration(re.search(r"changes\(hangwatch_engine_steps_total\[(\w+)\]", recording).group(1)),
-        "recording_interval": retime.parse_duration(re.search(r"interval: (\w+)", recording).group(1)),
-        "alert_interval": retime.parse_duration(re.search(r"interval: (\w+)", alerts).group(1)),
-        "for": retime.parse_duration(re.search(r"for: (\w+)", hung_rule).group(1)),
+        # the hang needs three readings in a row (two intervals between the first and third)
+        "window": readings_windows(3, scrape_interval)[0] + scrape_interval / 2,
+        "recording_interval": parse_interval(groups["hangwatch-recording.yml"][0]["interval"]),
+        "alert_interval": parse_interval(groups["hangwatch-alerts.yml"][0]["interval"]),
+        "for": parse_interval(hung_rule["for"]),
     }
 
 
@@ -78,11 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scrape-interval", default="1s", help="the test scrape interval (default 1s)")
     args = parser.parse_args(argv)
-    retime = load_retime()
-    interval = retime.parse_duration(args.scrape_interval)
+    interval = parse_interval(args.scrape_interval)
     samples = [measure_once(interval) for _ in range(args.runs)]
     scale = 15.0 / interval
-    print(f"measured, scrape {args.scrape_interval} (rules retimed x{interval / 15:g}), {args.runs} runs: "
+    print(f"measured, scrape {args.scrape_interval} (rules rendered for it, wall-clock durations x{interval / 15:g}), {args.runs} runs: "
           f"min {min(samples):.2f}s  median {statistics.median(samples):.2f}s  max {max(samples):.2f}s")
     test_typical, test_worst = computed_latency(shipped_windows(interval))
     print(f"computed for this test setting: typical {test_typical:.2f}s, worst {test_worst:.2f}s "

@@ -255,7 +255,7 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scrape-interval", type=float, default=2.0, help="seconds (default 2; the rules are retimed)")
+    parser.add_argument("--scrape-interval", type=float, default=2.0, help="seconds (default 2; the rules are rendered for it)")
     parser.add_argument("--idle", type=float, default=6.0, help="seconds of idle (default 6)")
     parser.add_argument("--busy", type=float, default=20.0, help="seconds of busy (default 20)")
     parser.add_argument("--hang-timeout", type=float, default=120.0, help="seconds to wait for the decision")

@@ -1,7 +1,7 @@
 """Start and stop the whole hangwatch chain as local processes on loopback, in a temp dir.
 
-The simulator, the exporter, Prometheus (with the shipped rules, retimed by
-``rules/retime.py`` to the demo's scrape interval), Alertmanager and the webhook in dry-run
+The simulator, the exporter, Prometheus (with the rules ``hangwatch rules``
+renders for the demo's scrape interval), Alertmanager and the webhook in dry-run
 (``demo.nodocker``: the real app, the simulator standing in for Docker). Their configs are
 the shipped ``examples/`` with only addresses, paths and timings replaced (and a scrape job
 for the webhook's own metrics). Prometheus and
@@ -13,7 +13,6 @@ stops each process it started by PID (SIGTERM, then SIGKILL) and removes the tem
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import shutil
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import requests
 import yaml
+
+from hangwatch.rules.render import Settings, render_file
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = (REPO / "rules" / "hangwatch-recording.yml", REPO / "rules" / "hangwatch-alerts.yml",
@@ -116,13 +117,6 @@ class Part:
             return ""
 
 
-def _retime():
-    spec = importlib.util.spec_from_file_location("hangwatch_rules_retime", REPO / "rules" / "retime.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 class Stack:
     """The demo's processes. ``with Stack() as stack: ...`` or ``start()`` / ``stop()``."""
 
@@ -192,9 +186,9 @@ class Stack:
             prom_port = free_port()
             rules_dir = self.dir / "rules"
             rules_dir.mkdir()
-            retime = _retime()
+            settings = Settings(scrape_interval=self.scrape_interval)
             for path in RULES:
-                (rules_dir / path.name).write_text(retime.retime_text(path.read_text(), self.scrape_interval))
+                (rules_dir / path.name).write_text(render_file(path.name, settings))
             (self.dir / "prometheus.yml").write_text(yaml.safe_dump(self.prometheus_config(rules_dir)))
             self.prometheus = self._part("prometheus", prom_port, "/-/ready", [
                 self.prometheus_bin, f"--config.file={self.dir / 'prometheus.yml'}",

@@ -1,4 +1,4 @@
-"""The ``hangwatch`` command: check, exporter, webhook, simulate.
+"""The ``hangwatch`` command: check, exporter, webhook, simulate, rules, dashboard.
 
 Bad usage is one line on stderr and exit 64 (DESIGN.md), never a traceback.
 """
@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--dry-run", action="store_true", help="decide and log, never restart")
 
     commands.add_parser("simulate", help="a vLLM simulator for demos and tests (see hangwatch simulate --help)")
+
+    from hangwatch.rules import cli as rules_cli
+    rules_cli.add_rules_arguments(commands.add_parser(
+        "rules", help="write the Prometheus rules for your scrape interval, jobs and runbook"))
+    rules_cli.add_dashboard_arguments(commands.add_parser("dashboard", help="write the Grafana dashboard"))
     return parser
 
 
@@ -155,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "webhook":
         from hangwatch.webhook.app import main as webhook_main
         return webhook_main(args)
+    if args.command in ("rules", "dashboard"):
+        from hangwatch.rules import cli as rules_cli
+        return rules_cli.run_rules(args) if args.command == "rules" else rules_cli.run_dashboard(args)
     return EXIT_USAGE
 
 

@@ -226,5 +226,31 @@ def test_the_image_holds_the_packages_the_services_run():
     for package in re.findall(r'"(\w+)"', packages):
         assert f"COPY {package} ./{package}" in dockerfile, package
         assert f"!{package}/" in (REPO / ".dockerignore").read_text(), package
+    folders = re.findall(r'^"hangwatch[\w.]*"\s*=\s*"([\w/]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert "rules" in folders and "grafana/dashboards" in folders
+    for folder in folders:  # every installed package's folder (package-dir), rules and dashboards too
+        assert f"COPY {folder} ./{folder}" in dockerfile, folder
+        assert f"!{folder}/" in (REPO / ".dockerignore").read_text(), folder
     assert re.search(r"^USER \d+", dockerfile, re.M), "the image runs unprivileged by default"
     assert services()["webhook"]["user"] == "0:0"  # the one exception: the Docker socket
+
+
+# -- one source: examples/ --------------------------------------------------------------------
+def test_deploy_configs_are_generated_from_the_examples():
+    """deploy/prometheus.yml and deploy/alertmanager.yml are examples/ with compose names: a hand
+    edit of either (or an example changed without regenerating) fails here."""
+    import sys as _sys
+    done = subprocess.run([_sys.executable, str(DEPLOY / "compose_configs.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_drift_check_catches_an_edited_copy(tmp_path, monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("compose_configs", DEPLOY / "compose_configs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "prometheus.yml").write_text((DEPLOY / "prometheus.yml").read_text().replace("10s", "12s"))
+    (tmp_path / "alertmanager.yml").write_text((DEPLOY / "alertmanager.yml").read_text())
+    monkeypatch.setattr(module, "DEPLOY", tmp_path)
+    assert module.main(["--check"]) == 1

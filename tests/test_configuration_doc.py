@@ -136,7 +136,7 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
     return action.choices
 
 
-@pytest.mark.parametrize("command", ["check", "exporter", "webhook"])
+@pytest.mark.parametrize("command", ["check", "exporter", "webhook", "rules", "dashboard"])
 def test_every_flag_is_documented_with_its_default(command):
     documented = rows(f"`hangwatch {command}")
     flags = {}
@@ -167,7 +167,7 @@ def help_flags(main) -> set[str]:
 def test_simulator_flags_are_documented_both_ways():
     from hangwatch.simulator import main
     assert set(rows("`hangwatch simulate")) == help_flags(main)
-    assert set(subcommands()) == {"check", "exporter", "webhook", "simulate"}
+    assert set(subcommands()) == {"check", "exporter", "webhook", "simulate", "rules", "dashboard"}
 
 
 def test_demo_flags_are_documented_both_ways():

@@ -180,7 +180,7 @@ def test_every_series_a_query_names_exists():
             for name in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", stripped):
                 if name in functions or name.startswith("__"):
                     continue
-                assert name in known or name in ("alertname", "target", "kind", "action", "reason", "state"), \
+                assert name in known or name in ("alertname", "target", "kind", "action", "reason", "state", "result"), \
                     f"{path.name} {where}: {name} is no series the exporter, webhook or rules define"
 
 

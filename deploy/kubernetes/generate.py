@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Write the Kubernetes copies of the rules and the dashboard from their one source.
 
-- ``base/prometheusrule.yaml``: one PrometheusRule per ``rules/*.yml`` file (retime.py is
-  not a rule file), whose ``spec.groups`` are that file's groups unchanged;
+- ``base/prometheusrule.yaml``: one PrometheusRule per rule file, whose ``spec.groups`` are the
+  groups ``hangwatch rules --job 'vllm-hangwatch|probe/hangwatch/hangwatch-external'
+  --exporter-job hangwatch-exporter`` writes: the Prometheus Operator names a ServiceMonitor's
+  job after its Service (``vllm/``: vllm-hangwatch) and a Probe's ``probe/NAMESPACE/NAME``
+  (``external/``), and the rules read those jobs' ``up``. 15 s scrapes, as both set;
 - ``base/grafana-dashboard.yaml``: a ConfigMap holding ``grafana/dashboards/hangwatch.json``
   byte for byte, labelled for Grafana's dashboard sidecar (``grafana_dashboard: "1"``).
 
@@ -19,6 +22,26 @@ import sys
 from pathlib import Path
 
 import yaml
+
+
+def _source_tree_packages() -> None:
+    """Without an installed hangwatch, map its installed names onto this checkout (pyproject.toml)."""
+    import importlib.util
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    for name, folder in (("hangwatch.rules", "rules"), ("hangwatch.dashboards", "grafana/dashboards")):
+        spec = importlib.util.spec_from_file_location(name, root / folder / "__init__.py",
+                                                      submodule_search_locations=[str(root / folder)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+
+
+try:
+    from hangwatch.rules.render import TEMPLATES, Settings, rule_groups
+except ImportError:
+    _source_tree_packages()
+    from hangwatch.rules.render import TEMPLATES, Settings, rule_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = Path(__file__).resolve().parent / "base"
@@ -46,21 +69,30 @@ def _dump(documents: list[dict]) -> str:
                          width=1 << 16, allow_unicode=True, explicit_start=True)
 
 
-def rule_files() -> list[Path]:
-    return sorted(RULES.glob("*.yml"))
+# The jobs the Prometheus Operator makes of vllm/servicemonitor.yaml and external/probe.yaml.
+SETTINGS = Settings(scrape_interval=15.0, job="vllm-hangwatch|probe/hangwatch/hangwatch-external",
+                    exporter_job="hangwatch-exporter")
+
+
+def groups(name: str) -> list[dict]:
+    """The groups of one rule file for this deployment's jobs (rule comments dropped)."""
+    found = rule_groups(name, SETTINGS)
+    for group in found:
+        for rule in group["rules"]:
+            rule.pop("comment", None)
+    return found
 
 
 def prometheus_rules() -> str:
     documents = []
-    for path in rule_files():
-        groups = yaml.safe_load(path.read_text())["groups"]
+    for name in sorted(TEMPLATES):
         documents.append({
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
-            "metadata": {"name": path.stem, "labels": dict(LABELS)},
-            "spec": {"groups": groups},
+            "metadata": {"name": Path(name).stem, "labels": dict(LABELS)},
+            "spec": {"groups": groups(name)},
         })
-    return HEADER.format(source=", ".join(f"rules/{p.name}" for p in rule_files())) + _dump(documents)
+    return HEADER.format(source=", ".join(f"rules/templates/{n}" for n in sorted(TEMPLATES))) + _dump(documents)
 
 
 def dashboard_configmap() -> str:

@@ -3,7 +3,7 @@
 Used by the end-to-end tests and by ``bench/bench_alert_latency.py``. The Prometheus and
 Alertmanager configs are derived from ``examples/prometheus.yml`` and
 ``examples/alertmanager.yml`` (only addresses, paths and timings are replaced), and the rules
-are the shipped ones rewritten by ``rules/retime.py`` for the short scrape interval, so the
+are the ones ``hangwatch rules`` renders for the short scrape interval (wall-clock durations shrunk alike), so the
 tests exercise what users deploy. A small in-process receiver records what Alertmanager
 delivers: ``/alerts`` (the restart route, Bearer token checked) and ``/people``.
 
@@ -11,7 +11,6 @@ Every process is started here and stopped by its PID in ``close()``; nothing is 
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import requests
 import yaml
+
+from hangwatch.rules.render import format_duration, render_file, shrunk
 
 REPO = Path(__file__).resolve().parents[2]
 RULE_FILES = (REPO / "rules" / "hangwatch-recording.yml", REPO / "rules" / "hangwatch-alerts.yml")
@@ -48,13 +49,6 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
-
-
-def load_retime():
-    spec = importlib.util.spec_from_file_location("hangwatch_rules_retime_e2e", REPO / "rules" / "retime.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Receiver:
@@ -170,7 +164,6 @@ class Stack:
         self.receiver: Receiver | None = None
         self.sim = simulator
         self._own_sim = simulator is None  # a backend handed in (a real vLLM) is not ours to stop
-        self.retime = load_retime()
 
     # -- start -----------------------------------------------------------------------------
     def start(self) -> "Stack":
@@ -212,19 +205,19 @@ class Stack:
         paths = []
         for path in RULE_FILES:
             target = self.workdir / path.name
-            target.write_text(self.retime.retime_text(path.read_text(), self.scrape_interval, all_durations=True))
+            target.write_text(render_file(path.name, shrunk(self.scrape_interval)))
             paths.append(target)
         return paths
 
     def prometheus_config(self) -> dict:
         config = yaml.safe_load((REPO / "examples" / "prometheus.yml").read_text())
-        interval = self.retime.format_duration(self.scrape_interval)
+        interval = format_duration(self.scrape_interval)
         config["global"].update({"scrape_interval": interval, "evaluation_interval": interval})
         config["rule_files"] = [str(p) for p in self.rule_files()]
         config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{self.am_port}"]}]
         for job in config["scrape_configs"]:
             job["scrape_interval"] = interval
-            job["scrape_timeout"] = self.retime.format_duration(self.scrape_timeout)
+            job["scrape_timeout"] = format_duration(self.scrape_timeout)
             if job["job_name"] == "hangwatch":
                 job["static_configs"] = [{"targets": [self.sim.url], "labels": dict(self.TARGET)}]
                 for relabel in job["relabel_configs"]:

@@ -2,7 +2,7 @@
 and a vLLM box (the simulator), configured from examples/fleet/prometheus.yml.
 
 Only addresses, paths and timings are replaced in the example (the scrape interval becomes
-``SCRAPE`` seconds and the rules are rewritten by rules/retime.py, every duration scaled), so
+``SCRAPE`` seconds and the rules are rendered by ``hangwatch rules`` for it, every duration scaled), so
 what is tested is what users deploy. Alertmanager routes as examples/alertmanager.yml says:
 the restart route to ``hook_url`` (a recorder or the real webhook), the rest to people (a
 recorder). Every process is stopped by PID in :meth:`close`.
@@ -15,7 +15,8 @@ from pathlib import Path
 import requests
 import yaml
 
-from tests.e2e.stack import (TOKEN, Process, Receiver, _wait_http, free_port, load_retime, start_alertmanager,
+from hangwatch.rules.render import format_duration, render_file, shrunk
+from tests.e2e.stack import (TOKEN, Process, Receiver, _wait_http, free_port, start_alertmanager,
                              start_prometheus, wait_until)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +38,6 @@ class FleetStack:
         self.extra_targets = extra_targets or []   # static target groups added to the example's
         self.processes: list[Process] = []
         self.receiver = Receiver()
-        self.retime = load_retime()
 
     # -- start -----------------------------------------------------------------------------
     def start(self) -> "FleetStack":
@@ -67,7 +67,7 @@ class FleetStack:
         paths = []
         for source in sources:
             target = self.workdir / ("retimed-" + source.name)
-            target.write_text(self.retime.retime_text(source.read_text(), SCRAPE, all_durations=True))
+            target.write_text(render_file(source.name, shrunk(SCRAPE)))
             paths.append(target)
         return paths
 
@@ -80,14 +80,14 @@ class FleetStack:
 
     def prometheus_config(self) -> dict:
         config = yaml.safe_load((REPO / "examples" / "fleet" / "prometheus.yml").read_text())
-        interval = self.retime.format_duration(SCRAPE)
+        interval = format_duration(SCRAPE)
         config["global"].update({"scrape_interval": interval, "evaluation_interval": interval})
         config["rule_files"] = [str(p) for p in self.rule_files()]
         config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{self.am_port}"]}]
         urls = self.urls()
         for job in config["scrape_configs"]:
             job["scrape_interval"] = interval
-            job["scrape_timeout"] = self.retime.format_duration(SCRAPE_TIMEOUT)
+            job["scrape_timeout"] = format_duration(SCRAPE_TIMEOUT)
             if job["job_name"] == "hangwatch":
                 for group in job["static_configs"]:
                     name = group["labels"]["target"]

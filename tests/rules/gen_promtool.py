@@ -1,201 +1,274 @@
 """The truth table, engine two: turn tests/scenarios/*.yaml into ``promtool test rules`` files.
 
-Each scenario becomes one test file: ``input_series`` are the exporter's series as
-Prometheus would have stored them (a value per scrape; ``stale`` where a series disappears,
-as Prometheus marks it; ``_`` where it never was), a ``promql_expr_test`` per step for the
-state recording rule (all six state series, exactly one of them 1), and an
-``alert_rule_test`` per step and alert, plus the scenario's extra ``alert_checks``.
+Each scenario step is made into the ``Observation`` the exporter would have made, rendered by
+the exporter's own ``families_for`` (``observations.exported_samples``): the input series are
+what Prometheus would have stored (a value per scrape, ``stale`` where a series disappears, as
+Prometheus marks it, ``up`` for every scrape of the exporter).
 
-    python -m tests.rules.gen_promtool --out DIR [--scrape-interval 15s]
+Every scenario runs in several **variants**: the state is checked at 0.5, 3, 7 and 14 s after
+each reading (of a 15 s scrape; scaled with the scrape interval), with the readings on the
+scrape schedule and again jittered by up to 0.3 s. promtool evaluates rules only at multiples
+of ``evaluation_interval`` (the groups' interval, a fifth of a scrape), so the *readings* are
+moved instead: input series have a fine ``interval`` (a 150th of a scrape: 100 ms at 15 s) and
+each reading sits where the variant puts it, ``_`` elsewhere. The alerts of a step are checked
+at the first evaluation after its reading, the scenario's ``alert_checks`` at their times.
 
-By default the shipped rule files are tested as they are (they assume a 15 s scrape);
-``--scrape-interval`` tests the files ``rules/retime.py`` derives instead, with every time
-in the scenario scaled alike.
+Every variant runs against the rules as rendered (Prometheus 2's closed ranges, which is what
+promtool 2.42 evaluates); the on-schedule one, where readings fall on evaluations, also runs
+against the same rules with every range a millisecond shorter, which is exactly Prometheus 3's
+left-open range for millisecond timestamps (jittered readings never sit on an edge).
+
+The expectations are independent of the rules under test: the state from the scenario, the
+alert labels from DESIGN.md (target labels kept, ``action="restart"`` only on the hang alert)
+and the severities from docs/runbook.md. Alerts are checked as the ``ALERTS`` series (their
+labels); annotations are checked by tests/rules/test_configs.py.
+
+    python -m tests.rules.gen_promtool --out DIR
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import random
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from .scenarios import (ALERTS, EVAL_OFFSET, ROOT, RULE_FILES, SCRAPE_INTERVAL, STATES,
-                        TARGET_LABELS, Scenario, Step, load_all)
+from hangwatch.rules.render import Settings, format_duration, write
+
+from .observations import exported_samples, observation_for, series_name
+from .scenarios import ALERTS, EVAL_SHARE, ROOT, STATES, TARGET_LABELS, Scenario, load_all
 
 STATE_RECORD = "target:hangwatch_backend_state:current"
-BACKEND_ALERTS = ("HangwatchBackendHung", "HangwatchBackendDown", "HangwatchBackendBlind",
-                  "HangwatchBackendRestarted")
-
-_COUNTERS = (("steps", "hangwatch_engine_steps_total", {}),
-             ("prompt", "hangwatch_engine_tokens_total", {"kind": "prompt"}),
-             ("gen", "hangwatch_engine_tokens_total", {"kind": "generation"}),
-             ("prefix", "hangwatch_prefix_cache_queries_total", {}),
-             ("finished", "hangwatch_requests_finished_total", {}),
-             ("kv", "hangwatch_kv_cache_usage_ratio", {}),
-             ("start", "hangwatch_process_start_time_seconds", {}))
+RULE_NAMES = ("hangwatch-recording.yml", "hangwatch-alerts.yml")
+GROUP_ORDER = ["hangwatch-recording", "hangwatch-alerts"]
+OFFSETS = (0.5, 3.0, 7.0, 14.0)   # seconds after a reading, at a 15 s scrape
+JITTER = 0.3                      # seconds, at a 15 s scrape
+RESOLUTION = 150                  # input samples per scrape interval (100 ms at 15 s)
+SEMANTICS = ("closed", "left-open")
 
 
-def load_retime():
-    spec = importlib.util.spec_from_file_location("hangwatch_retime", ROOT / "rules" / "retime.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@dataclass(frozen=True)
+class Variant:
+    offset: float          # seconds after each reading (at 15 s) at which the state is checked
+    jitter: bool
+
+    @property
+    def name(self) -> str:
+        return f"+{self.offset:g}s" + (" jittered" if self.jitter else "")
 
 
-def _series_name(name: str, extra: dict | None = None, base: dict | None = None) -> str:
-    labels = {**(TARGET_LABELS if base is None else base), **(extra or {})}
-    return name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+# On the schedule, a reading's timestamp falls on an evaluation (+3 s): the one place where a
+# range edge could meet a reading, so the one variant run under both range semantics.
+BASELINE = (Variant(3.0, False),)
+VARIANTS = BASELINE + tuple(Variant(offset, True) for offset in OFFSETS)
+PER_SEMANTICS = {"closed": VARIANTS, "left-open": BASELINE}
 
 
-def samples_at(step: Step, module: str, engine: str = "vllm") -> dict[str, float]:
-    """The series (with labels) Prometheus stores for this step's scrape, and their values."""
-    if step.status == "absent":
-        return {}
-    if step.status == "gap":
-        return {_series_name("up"): 0}
-    out = {_series_name("up"): 1}
-    answered = step.status in ("ok", "blind")
-    out[_series_name("hangwatch_up")] = 1 if answered else 0
-    out[_series_name("hangwatch_connection_stalled")] = 1 if step.status == "timeout" else 0
-    found = engine if step.status == "ok" and module != "proxy" else ""  # as the exporter labels it
-    out[_series_name("hangwatch_backend_info", {"engine": found, "module": module, "models": "", "version": ""})] = 1
-    if module == "proxy":
-        return out
-    out[_series_name("hangwatch_metrics_available")] = 1 if step.status == "ok" else 0
-    out[_series_name("hangwatch_probe_failed")] = 1 if step.probe == "failed" else 0
-    out[_series_name("hangwatch_probe_rejected")] = 1 if step.probe == "rejected" else 0
-    if step.status != "ok":
-        return out
-    v = step.values
-    out[_series_name("hangwatch_requests_running")] = v["running"]
-    out[_series_name("hangwatch_requests_waiting")] = v["waiting"]
-    out[_series_name("hangwatch_requests_in_flight")] = step.in_flight
-    out[_series_name("hangwatch_requests_schedulable")] = step.schedulable
-    if v.get("deferred") is not None:
-        out[_series_name("hangwatch_requests_deferred")] = v["deferred"]
-    out[_series_name("hangwatch_engine_asleep")] = 1 if v.get("asleep") else 0
-    for key, name, extra in _COUNTERS:
-        if v.get(key) is not None:
-            out[_series_name(name, extra)] = v[key]
-    if step.probe is not None:
-        out[_series_name("hangwatch_probe_success")] = 1 if step.probe == "answered" else 0
-    return out
+# --- expectations from outside the rules ----------------------------------------------------
+
+def runbook_severities() -> dict[str, str]:
+    """Each alert's severity as docs/runbook.md tells people (``## Name`` then ``**Severity** x``)."""
+    found, current = {}, None
+    for line in (ROOT / "docs" / "runbook.md").read_text().splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip()
+        match = re.match(r"\*\*Severity\*\* (\w+)", line)
+        if match and current:
+            found[current] = match.group(1)
+    return found
+
+
+def expected_alert(name: str, severities: dict[str, str]) -> str:
+    """The ALERTS series of a firing alert, as DESIGN.md's seams say it must look."""
+    if name == "HangwatchExporterAbsent":
+        labels = {}                              # no target exists to name
+    else:
+        labels = dict(TARGET_LABELS)             # "Every backend alert keeps both" (target, container)
+    labels |= {"alertname": name, "alertstate": "firing", "severity": severities[name]}
+    if name == "HangwatchBackendHung":
+        labels["action"] = "restart"             # the one restart alert
+    return series_name("ALERTS", labels)
+
+
+# --- timing ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Timing:
+    """Milliseconds: where a variant puts the readings and the checks of one scenario."""
+
+    scrape: int
+    variant: Variant
+
+    @property
+    def evaluation(self) -> int:
+        return round(self.scrape * EVAL_SHARE)
+
+    @property
+    def step(self) -> int:
+        return self.scrape // RESOLUTION
+
+    @property
+    def offset(self) -> int:
+        return round(self.variant.offset / 15 * self.scrape)
+
+    @property
+    def shift(self) -> int:
+        """Readings sit this long after a multiple of the scrape interval (0 < shift <= evaluation),
+        so that ``offset`` after a reading is an evaluation."""
+        return self.evaluation - self.offset % self.evaluation
+
+    def jitters(self, seed: str, count: int) -> list[int]:
+        if not self.variant.jitter:
+            return [0] * count
+        most = round(JITTER / 15 * self.scrape) // self.step
+        late = most if self.offset % self.evaluation >= (most + 1) * self.step else 0
+        rng = random.Random(seed)
+        return [rng.randint(-most, late) * self.step for _ in range(count)]
+
+    def reading_at(self, index: int, jitter: int) -> int:
+        return index * self.scrape + self.shift + jitter
+
+    def state_check(self, index: int) -> int:
+        return index * self.scrape + self.shift + self.offset
+
+    def alert_check(self, index: int) -> int:
+        """The first evaluation after the reading (jitter never moves a reading past it)."""
+        return index * self.scrape + self.evaluation
 
 
 def _number(value: float) -> str:
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def input_series(scenario: Scenario) -> list[dict]:
-    per_step = [samples_at(step, scenario.module, scenario.engine) for step in scenario.steps]
-    names = sorted({name for samples in per_step for name in samples})
+def _values(points: dict[int, str], last: int) -> str:
+    """promtool's series notation for samples at the given input indices (``_xN`` for gaps)."""
+    out, blanks = [], 0
+    for index in range(last + 1):
+        if index in points:
+            if blanks:
+                out.append("_" if blanks == 1 else f"_x{blanks}")
+                blanks = 0
+            out.append(points[index])
+        else:
+            blanks += 1
+    return " ".join(out)
+
+
+def input_series(scenario: Scenario, timing: Timing) -> list[dict]:
+    jitters = timing.jitters(f"{scenario.name} {timing.variant.name}", len(scenario.steps))
+    per_step = []
+    for step, jitter in zip(scenario.steps, jitters):
+        observation = observation_for(step, scenario.module, scenario.engine)
+        samples = exported_samples(observation, scenario.module, TARGET_LABELS, scraped=step.status != "absent")
+        per_step.append((timing.reading_at(step.index, jitter) // timing.step, samples))
+    names = sorted({name for _, samples in per_step for name in samples})
+    last = max(index for index, _ in per_step)
     series = []
     for name in names:
-        values, present = [], False
-        for samples in per_step:
+        points, present = {}, False
+        for index, samples in per_step:
             if name in samples:
-                values.append(_number(samples[name]))
+                points[index] = _number(samples[name])
                 present = True
-            else:
-                values.append("stale" if present else "_")
+            elif present:
+                points[index] = "stale"
                 present = False
-        series.append({"series": name, "values": " ".join(values)})
+        series.append({"series": name, "values": _values(points, last)})
     return series
 
 
-def _alert_rules() -> dict[str, dict]:
-    groups = yaml.safe_load(RULE_FILES[1].read_text())["groups"]
-    return {rule["alert"]: rule for group in groups for rule in group["rules"] if "alert" in rule}
+def _at(millis: int) -> str:
+    return format_duration(millis / 1000) if millis else "0s"
 
 
-def _render(template: str, labels: dict) -> str:
-    def label(match):
-        return labels.get(match.group(1), "")
-    text = re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", label, template)
-    if "{{" in text:
-        raise ValueError(f"template too rich for the generator: {template!r}")
-    return text
-
-
-def expected_alert(name: str, rules: dict[str, dict]) -> dict:
-    rule = rules[name]
-    series = {"job": "hangwatch"} if name == "HangwatchExporterAbsent" else dict(TARGET_LABELS)
-    labels = {**series, **rule.get("labels", {})}
-    return {"exp_labels": labels,
-            "exp_annotations": {k: _render(v, labels) for k, v in rule.get("annotations", {}).items()}}
-
-
-def _duration(seconds: float, retime) -> str:
-    return retime.format_duration(seconds)
-
-
-def promtool_test(scenario: Scenario, rule_files: list[Path], scale: float = 1.0) -> dict:
-    """One ``promtool test rules`` document for ``scenario`` (times scaled by ``scale``)."""
-    retime = load_retime()
-    rules = _alert_rules()
-    expr_tests, alert_tests = [], []
+def test_group(scenario: Scenario, timing: Timing, severities: dict[str, str]) -> dict:
+    expr_tests = []
     for step in scenario.steps:
-        at = _duration(step.eval_time * scale, retime)
-        if step.expect_promql == "none":
-            samples = []
-        else:
-            samples = [{"labels": _series_name(STATE_RECORD, {"state": state}),
-                        "value": 1 if state == step.expect_promql else 0} for state in STATES]
-        expr_tests.append({"expr": STATE_RECORD, "eval_time": at, "exp_samples": samples})
-        for alert in ALERTS:
-            firing = [expected_alert(alert, rules)] if alert in step.alerts else []
-            alert_tests.append({"eval_time": at, "alertname": alert, "exp_alerts": firing})
-    for seconds, firing_names in scenario.alert_checks:
-        at = _duration(seconds * scale, retime)
-        for alert in ALERTS:
-            firing = [expected_alert(alert, rules)] if alert in firing_names else []
-            alert_tests.append({"eval_time": at, "alertname": alert, "exp_alerts": firing})
+        states = [] if step.expect_promql == "none" else [
+            {"labels": series_name(STATE_RECORD, {**TARGET_LABELS, "state": state}),
+             "value": 1 if state == step.expect_promql else 0} for state in STATES]
+        expr_tests.append({"expr": STATE_RECORD, "eval_time": _at(timing.state_check(step.index)),
+                           "exp_samples": states})
+        expr_tests.append(_alerts_at(timing.alert_check(step.index), step.alerts, severities))
+    factor = timing.scrape / (scenario.scrape_interval * 1000)
+    for seconds, names in scenario.alert_checks:
+        expr_tests.append(_alerts_at(round(seconds * 1000 * factor), names, severities))
+    return {"name": f"{scenario.name} {timing.variant.name}", "interval": _at(timing.step),
+            "input_series": input_series(scenario, timing), "promql_expr_test": expr_tests}
+
+
+def _alerts_at(millis: int, names, severities) -> dict:
+    assert set(names) <= set(ALERTS), names
+    return {"expr": 'ALERTS{alertstate="firing"}', "eval_time": _at(millis),
+            "exp_samples": [{"labels": expected_alert(name, severities), "value": 1} for name in sorted(names)]}
+
+
+def promtool_test(scenario: Scenario, rule_files: list[Path], variants=VARIANTS, scale: float = 1.0) -> dict:
+    """One ``promtool test rules`` document: ``scenario`` in each variant (times scaled by ``scale``)."""
+    scrape = round(scenario.scrape_interval * scale * 1000)
+    assert scrape % RESOLUTION == 0 and scrape % 5 == 0, scrape
+    severities = runbook_severities()
     return {
         "rule_files": [str(path) for path in rule_files],
-        "evaluation_interval": _duration(EVAL_OFFSET * scale, retime),
+        "evaluation_interval": _at(round(scrape * EVAL_SHARE)),
         # promtool otherwise evaluates the groups in random order; recording first mirrors
         # the worst case being no worse than a real Prometheus, where the alert group may
         # lag the recording group by up to one interval (counted in the latency budget).
-        "group_eval_order": ["hangwatch-recording", "hangwatch-alerts"],
-        "tests": [{
-            "name": scenario.name,
-            "interval": _duration(SCRAPE_INTERVAL * scale, retime),
-            "input_series": input_series(scenario),
-            "promql_expr_test": expr_tests,
-            "alert_rule_test": alert_tests,
-        }],
+        "group_eval_order": GROUP_ORDER,
+        "tests": [test_group(scenario, Timing(scrape, variant), severities) for variant in variants],
     }
 
 
-def write_all(out: Path, scrape_interval: float = SCRAPE_INTERVAL) -> list[Path]:
-    """Write one test file per scenario into ``out`` (rules retimed if the interval differs)."""
+# --- the rules under test -------------------------------------------------------------------
+
+def left_open(text: str) -> str:
+    """A rule file whose every range is 1 ms shorter: closed [t-d+1ms, t] = left-open (t-d, t]."""
+    def shorter(match: re.Match) -> str:
+        millis = round(float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[match.group(2)] * 1000)
+        return f"[{millis - 1}ms]"
+    data = yaml.safe_load(text)
+    for group in data["groups"]:
+        for rule in group["rules"]:
+            rule["expr"] = re.sub(r"\[(\d+)(ms|s|m|h)\]", shorter, rule["expr"])
+    return yaml.safe_dump(data, sort_keys=False, width=200)
+
+
+def rule_files(out: Path, settings: Settings, semantics: str = "closed") -> list[Path]:
+    """The recording and alert rules as ``hangwatch rules`` writes them for ``settings``."""
     out.mkdir(parents=True, exist_ok=True)
-    scale = scrape_interval / SCRAPE_INTERVAL
-    rule_files = list(RULE_FILES)
-    if scale != 1.0:
-        retime = load_retime()
-        rule_files = []
-        for path in RULE_FILES:
-            target = out / path.name
-            target.write_text(retime.retime_text(path.read_text(), scrape_interval, all_durations=True))
-            rule_files.append(target)
+    paths = write(out, settings, RULE_NAMES)
+    if semantics == "left-open":
+        for path in paths:
+            path.write_text(left_open(path.read_text()))
+    return paths
+
+
+def write_all(out: Path, scale: float = 1.0, variants=VARIANTS) -> list[Path]:
+    """One test file per scenario and range semantics, against the rules for its scrape interval."""
     written = []
     for scenario in load_all():
-        path = out / f"{scenario.name}.test.yml"
-        path.write_text(yaml.safe_dump(promtool_test(scenario, rule_files, scale), sort_keys=False, width=200))
-        written.append(path)
+        interval = scenario.scrape_interval * scale
+        for semantics in SEMANTICS:
+            rules = rule_files(out / f"rules-{format_duration(interval)}-{semantics}",
+                               Settings(scrape_interval=interval, wall_clock_scale=scale), semantics)
+            path = out / f"{scenario.name}.{semantics}.test.yml"
+            chosen = [v for v in variants if v in PER_SEMANTICS[semantics]]
+            if not chosen:
+                continue
+            path.write_text(yaml.safe_dump(promtool_test(scenario, rules, chosen, scale), sort_keys=False,
+                                           width=200))
+            written.append(path)
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--scrape-interval", default="15s")
     args = parser.parse_args(argv)
-    for path in write_all(args.out, load_retime().parse_duration(args.scrape_interval)):
+    for path in write_all(args.out):
         print(path)
     return 0
 

@@ -1,8 +1,8 @@
 """The truth table as data: load tests/scenarios/*.yaml, the one source for both engines.
 
-A scenario is a backend's readings over time, one step per scrape (the shipped rules assume
-a 15 s scrape interval), with the verdict expected after each step and the alerts expected
-to be firing. ``test_truth_table_python`` feeds the steps to ``hangwatch.verdict.judge``;
+A scenario is a backend's readings over time, one step per scrape (15 s apart unless the
+scenario sets ``scrape_interval``), with the verdict expected after each step and the alerts
+expected to be firing. ``test_truth_table_python`` feeds the steps to ``hangwatch.verdict.judge``;
 ``gen_promtool`` turns the same steps into ``promtool test rules`` files.
 
 Step fields (see tests/scenarios/README.md for the full format):
@@ -21,14 +21,14 @@ Step fields (see tests/scenarios/README.md for the full format):
 - ``alerts``: the alert names firing at this step's evaluation time (default none).
 - ``repeat``: the step repeated N times.
 
-Time mapping: step i is the reading scraped at ``i * 15 s``; the PromQL state and alerts
-for step i are checked at ``i * 15 s + 3 s`` (one rule evaluation interval later), when
-the rules see exactly that reading and the ones before it. ``alert_checks`` add checks at
-other instants (the ``for:`` boundaries), in seconds from step 0.
+Time mapping: step i is the reading scraped at ``i * S`` (S the scrape interval); its alerts
+are checked at ``i * S + S/5`` (the rules run every fifth of a scrape: the first evaluation
+after the reading), its PromQL state there and at other instants before the next reading
+(gen_promtool's offsets). ``alert_checks`` add checks at other instants (the ``for:``
+boundaries), in seconds from step 0.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,10 +38,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIO_DIR = ROOT / "tests" / "scenarios"
 RULE_FILES = (ROOT / "rules" / "hangwatch-recording.yml", ROOT / "rules" / "hangwatch-alerts.yml")
 
-SCRAPE_INTERVAL = 15   # seconds: the interval the shipped rules assume (rules/retime.py)
-# Seconds after a scrape at which its step is checked: one rule evaluation interval, read
-# from the shipped recording rules (their group `interval:`).
-EVAL_OFFSET = int(re.search(r"^\s*interval:\s*(\d+)s\s*$", RULE_FILES[0].read_text(), re.M).group(1))
+SCRAPE_INTERVAL = 15.0   # seconds between steps unless a scenario sets scrape_interval
+# The truth table's assumption about the rules: they are evaluated every fifth of a scrape
+# (tests/rules/test_configs.py checks the rendered groups against it).
+EVAL_SHARE = 0.2
 
 STATES = ("idle", "busy", "hung", "restarted", "blind", "down")
 STATUSES = ("ok", "blind", "refused", "timeout", "gap", "absent")
@@ -52,7 +52,7 @@ ALERTS = ("HangwatchBackendHung", "HangwatchBackendDown", "HangwatchBackendBlind
           "HangwatchProbeRejected", "HangwatchRequestsDeferred")
 PROBE_ENDINGS = {"ok": "answered", "fail": "failed", "rejected": "rejected"}
 STEP_KEYS = set(READING_FIELDS) | {"status", "probe", "expect", "expect_promql", "why", "alerts", "repeat", "note"}
-SCENARIO_KEYS = {"name", "description", "module", "engine", "grace", "steps", "alert_checks"}
+SCENARIO_KEYS = {"name", "description", "module", "engine", "grace", "steps", "alert_checks", "scrape_interval"}
 TARGET_LABELS = {"job": "hangwatch", "instance": "http://127.0.0.1:8000", "target": "vllm-a", "container": "vllm-a"}
 
 
@@ -66,6 +66,7 @@ class Step:
     expect_promql: str
     why: str
     alerts: tuple[str, ...]
+    scrape: float = SCRAPE_INTERVAL
 
     @property
     def scraped(self) -> bool:
@@ -80,12 +81,12 @@ class Step:
         return self.in_flight - min(self.values.get("deferred") or 0, self.values.get("waiting") or 0)
 
     @property
-    def time(self) -> int:
-        return self.index * SCRAPE_INTERVAL
+    def time(self) -> float:
+        return self.index * self.scrape
 
     @property
-    def eval_time(self) -> int:
-        return self.time + EVAL_OFFSET
+    def eval_time(self) -> float:
+        return self.time + self.scrape * EVAL_SHARE
 
 
 @dataclass(frozen=True)
@@ -96,19 +97,22 @@ class Scenario:
     grace: float
     engine: str
     steps: tuple[Step, ...]
-    alert_checks: tuple[tuple[int, tuple[str, ...]], ...] = field(default=())
+    alert_checks: tuple[tuple[float, tuple[str, ...]], ...] = field(default=())
     path: Path | None = None
+    scrape_interval: float = SCRAPE_INTERVAL
 
 
 class ScenarioError(ValueError):
     pass
 
 
-def _seconds(value) -> int:
+def _seconds(value) -> float:
     text = str(value)
+    if text.endswith("ms"):
+        return float(text[:-2]) / 1000
     if text.endswith("s"):
         text = text[:-1]
-    return int(text)
+    return float(text)
 
 
 def load(path: Path) -> Scenario:
@@ -118,6 +122,7 @@ def load(path: Path) -> Scenario:
     if unknown:
         raise ScenarioError(f"{where}: unknown key {sorted(unknown)[0]!r}")
     module = data.get("module", "backend")
+    scrape = _seconds(data.get("scrape_interval", SCRAPE_INTERVAL))
     values: dict = {"running": 0, "waiting": 0, "asleep": 0, "deferred": None}
     steps: list[Step] = []
     for n, raw in enumerate(data["steps"]):
@@ -145,6 +150,8 @@ def load(path: Path) -> Scenario:
         for alert in alerts:
             if alert not in ALERTS:
                 raise ScenarioError(f"{at}.alerts: unknown alert {alert!r}")
+        if "HangwatchBackendHung" in alerts and not expect == expect_promql == "hung":
+            raise ScenarioError(f"{at}.alerts: the restart alert fires only where both verdicts are hung")
         probe_field = raw.get("probe")
         in_flight = (values.get("running") or 0) + (values.get("waiting") or 0)
         would_probe = status == "ok" and module == "backend" and in_flight == 0 and not values.get("asleep")
@@ -155,10 +162,10 @@ def load(path: Path) -> Scenario:
         probe = None if not would_probe else PROBE_ENDINGS[probe_field or "ok"]
         for _ in range(int(raw.get("repeat", 1))):
             steps.append(Step(len(steps), status, dict(values), probe, expect, expect_promql,
-                              raw.get("why", ""), alerts))
+                              raw.get("why", ""), alerts, scrape))
     checks = tuple((_seconds(c["at"]), tuple(c.get("alerts", ()))) for c in data.get("alert_checks", ()))
     return Scenario(data["name"], data.get("description", ""), module, float(data.get("grace", 0)),
-                    data.get("engine", "vllm"), tuple(steps), checks, path)
+                    data.get("engine", "vllm"), tuple(steps), checks, path, scrape)
 
 
 def load_all() -> list[Scenario]:

@@ -4,24 +4,31 @@ promtool and amtool are real parts: missing in CI is a failure (tests.support.re
 """
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
+import zipfile
 
 import pytest
 import yaml
 
+from hangwatch.cli import main
+from hangwatch.rules import dashboard
+from hangwatch.rules.render import RUNBOOK_URL, TEMPLATES, Settings, render_all, render_file, rule_groups
+from hangwatch.settings import duration
 from tests.support.require import require_binary
 
-from .gen_promtool import load_retime
-from .scenarios import ROOT, RULE_FILES
+from .scenarios import EVAL_SHARE, ROOT, RULE_FILES
+
+FLEET = ROOT / "rules" / "hangwatch-fleet.yml"
 
 EXAMPLES = ROOT / "examples"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 
 
-def _alerts() -> list[dict]:
-    groups = yaml.safe_load(RULE_FILES[1].read_text())["groups"]
-    return [rule for group in groups for rule in group["rules"]]
+def _rules(path) -> list[dict]:
+    return [rule for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
@@ -29,7 +36,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_rule_files_pass_promtool_check_rules():
-    result = _run(require_binary("promtool"), "check", "rules", *map(str, RULE_FILES))
+    result = _run(require_binary("promtool"), "check", "rules", *map(str, RULE_FILES + (FLEET,)))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -58,62 +65,132 @@ def test_alertmanager_routes_only_restart_alerts_to_the_webhook(labels, receiver
     assert result.stdout.strip() == receiver
 
 
-def test_every_alert_has_for_severity_summary_description_and_a_runbook_section():
-    anchors = {re.sub(r"[^a-z0-9 -]", "", line[3:].strip().lower()).replace(" ", "-")
-               for line in RUNBOOK.read_text().splitlines() if line.startswith("## ")}
-    for rule in _alerts():
-        name = rule["alert"]
-        assert "for" in rule, name
-        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
-        assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
-        url = rule["annotations"]["runbook_url"]
-        assert url.startswith("docs/runbook.md#"), name
-        assert url.split("#", 1)[1] in anchors, f"{name}: no section for {url} in docs/runbook.md"
+def runbook_anchors() -> set[str]:
+    return {re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in RUNBOOK.read_text().splitlines() if line.startswith("#")}
+
+
+def test_every_alert_has_for_severity_summary_description_and_an_absolute_runbook_link():
+    """A runbook_url must work where people read the alert (Alertmanager, Slack, PagerDuty): an
+    absolute URL of a section that exists in docs/runbook.md."""
+    anchors = runbook_anchors()
+    for path in RULE_FILES + (FLEET,):
+        for rule in _rules(path):
+            if "alert" not in rule:
+                continue
+            name = rule["alert"]
+            assert "for" in rule, name
+            assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+            assert rule["annotations"]["summary"] and rule["annotations"]["description"], name
+            url = rule["annotations"]["runbook_url"]
+            assert url == f"{RUNBOOK_URL}#{name.lower()}", name
+            assert name.lower() in anchors, f"{name}: no section in docs/runbook.md"
+
+
+def test_backend_alerts_name_the_target_in_their_summary():
+    for path in RULE_FILES + (FLEET,):
+        for rule in _rules(path):
+            if "alert" in rule and rule["alert"] not in ("HangwatchExporterDown", "HangwatchExporterAbsent"):
+                assert "$labels.target" in rule["annotations"]["summary"], rule["alert"]
+
+
+def test_the_runbook_link_is_one_constant_pointing_at_the_projects_runbook():
+    assert RUNBOOK_URL == "https://github.com/hangwatch/hangwatch/blob/main/docs/runbook.md"
+    links = [link["url"] for link in dashboard.links(json.loads(dashboard.shipped()))]
+    assert links and all(url.startswith(RUNBOOK_URL + "#") for url in links)
+    anchors = runbook_anchors()
+    assert {url.split("#", 1)[1] for url in links} <= anchors
 
 
 def test_only_the_hung_alert_restarts():
-    restarting = [rule["alert"] for rule in _alerts() if rule["labels"].get("action") == "restart"]
+    restarting = [rule["alert"] for path in RULE_FILES + (FLEET,) for rule in _rules(path)
+                  if rule.get("labels", {}).get("action") == "restart"]
     assert restarting == ["HangwatchBackendHung"]
-    hung = next(rule for rule in _alerts() if rule["alert"] == "HangwatchBackendHung")
-    assert hung["labels"]["severity"] == "critical"
 
 
-def test_retime_scales_seconds_and_keeps_minutes():
-    retime = load_retime()
-    text = RULE_FILES[0].read_text() + RULE_FILES[1].read_text()
-    fast = retime.retime_text(text, 3.0)
-    assert "[45s]" in text and "[9s]" in fast and "[45s]" not in fast
-    assert "[30s]" in text and "[6s]" in fast
-    assert "interval: 600ms" in fast and "for: 600ms" in fast
-    assert "for: 10m" in fast and "[10m]" in fast          # wall-clock: kept
-    assert "for: 2m" in retime.retime_text(text, 3.0, all_durations=True)
-    assert retime.retime_text(text, 15.0) == text            # the shipped files are the 15 s ones
+# -- the generator ---------------------------------------------------------------------------
+def test_the_shipped_rule_files_are_what_hangwatch_rules_writes_for_the_defaults(tmp_path):
+    """rules/*.yml are reviewable output, never edited by hand: hangwatch rules --out rules."""
+    assert main(["rules", "--out", str(tmp_path)]) == 0
+    for name in TEMPLATES:
+        assert (tmp_path / name).read_text() == (ROOT / "rules" / name).read_text(), \
+            f"rules/{name} is stale: run hangwatch rules --out rules"
+    assert sorted(p.name for p in (ROOT / "rules").glob("*.yml")) == sorted(TEMPLATES)
 
 
-def test_retimed_rules_pass_promtool(tmp_path):
-    promtool = require_binary("promtool")
-    retime = load_retime()
-    for path in RULE_FILES:
-        (tmp_path / path.name).write_text(retime.retime_text(path.read_text(), 1.0, all_durations=True))
-    result = _run(promtool, "check", "rules", *map(str, sorted(tmp_path.glob("*.yml"))))
+def test_rendered_files_are_the_rendered_data():
+    """The writer (comments, block scalars) changes nothing a YAML reader sees."""
+    for settings in (Settings(), Settings(scrape_interval=3.0, job="llm", runbook_url="https://wiki/x")):
+        for name in TEMPLATES:
+            groups = rule_groups(name, settings)
+            for group in groups:
+                for rule in group["rules"]:
+                    rule.pop("comment", None)
+            assert yaml.safe_load(render_file(name, settings))["groups"] == groups, name
+
+
+def test_groups_run_every_fifth_of_a_scrape_as_the_truth_table_assumes():
+    for scrape in (1.0, 3.0, 15.0, 60.0):
+        for name in TEMPLATES:
+            for group in rule_groups(name, Settings(scrape_interval=scrape)):
+                assert duration(group["interval"], name) == pytest.approx(scrape * EVAL_SHARE)
+
+
+@pytest.mark.parametrize("scrape", ["1s", "3s", "5s", "15s", "1m"])
+def test_rules_for_any_scrape_interval_pass_promtool(scrape, tmp_path):
+    assert main(["rules", "--scrape-interval", scrape, "--out", str(tmp_path)]) == 0
+    result = _run(require_binary("promtool"), "check", "rules", *map(str, sorted(tmp_path.glob("*.yml"))))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_grace_rule_is_generated_from_the_engine_table():
-    """The PromQL grace windows and hangwatch/verdict.py read the same min_grace values."""
-    from hangwatch.engines import ENGINES
-    retime = load_retime()
-    text = RULE_FILES[0].read_text()
-    start, end = text.index(retime.GRACE_BEGIN), text.index(retime.GRACE_END) + len(retime.GRACE_END)
-    assert text[start:end] == retime.grace_rule_text(), "run: python rules/retime.py --regen-grace rules/hangwatch-recording.yml"
-    for engine in ENGINES:
-        marker = f'engine="{engine.name}"'
-        assert (marker in text[start:end]) == (engine.min_grace > 0), engine.name
+def test_wall_clock_durations_stay_and_scrape_durations_scale():
+    fast = "".join(render_all(Settings(scrape_interval=5.0)).values())
+    assert "for: 10m" in fast and "[10m]" in fast and "for: 2m" in fast      # wall-clock: kept
+    assert "interval: 1s" in fast and "for: 1s" in fast                       # a fifth of a scrape
+    assert "[12500ms]" in fast and "[17500ms]" in fast                        # three readings: 2.5 and 3.5 scrapes
+    # llama.cpp's 30 s grace at 5 s: seven readings (six intervals), 6.5 and 7.5 scrapes
+    grace = next(r for r in rule_groups("hangwatch-recording.yml", Settings(scrape_interval=5.0))[0]["rules"]
+                 if r["record"] == "target:hangwatch_engine_progress:within_grace")["expr"]
+    llamacpp = grace[grace.index('engine="llamacpp"'):grace.index('engine="sglang"')]
+    assert "[32500ms]" in llamacpp and "[37500ms]" in llamacpp and "== 7" in llamacpp
 
 
-def test_grace_windows_stay_wall_clock_when_retimed():
-    retime = load_retime()
-    fast = retime.retime_text(RULE_FILES[0].read_text(), 3.0)
-    assert "changes(hangwatch_engine_steps_total[33s])" in fast     # llama.cpp: 30 s grace + one 3 s scrape
-    assert "changes(hangwatch_engine_steps_total[48s])" in fast     # SGLang: 45 s + 3 s
-    assert "changes(hangwatch_engine_steps_total[9s])" in fast      # everything else: three scrapes
+def test_jobs_and_runbook_are_the_users(tmp_path):
+    assert main(["rules", "--job", "llm-probe", "--exporter-job", "llm-exporter", "--runbook-url",
+                 "https://wiki.example.com/hw", "--out", str(tmp_path)]) == 0
+    text = "".join(p.read_text() for p in tmp_path.glob("*.yml"))
+    assert 'up{job=~"llm-probe"}' in text and 'up{job=~"llm-probe|llm-exporter"}' in text
+    assert 'job=~"hangwatch' not in text and "github.com" not in text
+    assert "runbook_url: https://wiki.example.com/hw#hangwatchbackendhung" in text
+    dash = tmp_path / "dash"
+    assert main(["dashboard", "--runbook-url", "https://wiki.example.com/hw", "--out", str(dash)]) == 0
+    links = dashboard.links(json.loads((dash / "hangwatch.json").read_text()))
+    assert links and all(link["url"].startswith("https://wiki.example.com/hw#") for link in links)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["rules", "--scrape-interval", "15", "--out", "x"], "is not a duration"),
+    (["rules", "--scrape-interval", "50ms", "--out", "x"], "out of range"),
+    (["rules", "--runbook-url", "docs/runbook.md", "--out", "x"], "--runbook-url"),
+    (["rules", "--job", 'a"b', "--out", "x"], "--job"),
+    (["dashboard", "--runbook-url", "wiki", "--out", "x"], "--runbook-url"),
+])
+def test_bad_flags_are_one_line_and_exit_64(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 64
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "x").exists()
+
+
+def test_the_wheel_ships_the_templates_and_the_dashboard(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = zipfile.ZipFile(next(tmp_path.glob("hangwatch-*.whl"))).namelist()
+    for name in TEMPLATES:
+        assert f"hangwatch/rules/templates/{name}" in names
+    assert "hangwatch/rules/render.py" in names and "hangwatch/dashboards/hangwatch.json" in names

@@ -1,0 +1,63 @@
+"""``hangwatch rules`` and ``hangwatch dashboard``: write the rules and the dashboard a pip user needs.
+
+The flags are defined here and wired into the one command line by ``hangwatch/cli.py``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hangwatch.settings import ConfigError
+
+from . import dashboard
+from .render import DEFAULT_SCRAPE, RUNBOOK_URL, Settings, format_duration, parse_interval, write
+
+
+def _interval(text: str) -> float:
+    try:
+        return parse_interval(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+
+def add_rules_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scrape-interval", type=_interval, default=DEFAULT_SCRAPE,
+                        help="the scrape_interval of the hangwatch job, e.g. 5s (default 15s)")
+    parser.add_argument("--job", default="hangwatch",
+                        help="the job that scrapes the exporter's /probe (a regex; default hangwatch)")
+    parser.add_argument("--exporter-job", default="hangwatch_exporter",
+                        help="the job that scrapes the exporter's own /metrics (default hangwatch_exporter)")
+    parser.add_argument("--runbook-url", default=RUNBOOK_URL, metavar="URL",
+                        help="the runbook the alerts link to (default: the project's docs/runbook.md)")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the rule files")
+
+
+def add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runbook-url", default=RUNBOOK_URL, metavar="URL",
+                        help="the runbook the panels link to (default: the project's docs/runbook.md)")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for hangwatch.json")
+
+
+def run_rules(args) -> int:
+    try:
+        settings = Settings(scrape_interval=args.scrape_interval, job=args.job, exporter_job=args.exporter_job,
+                            runbook_url=args.runbook_url)
+    except ConfigError as exc:
+        sys.stderr.write(f"hangwatch: {exc}\n")
+        return 64
+    for path in write(args.out, settings):
+        print(path)
+    sys.stderr.write(f"set scrape_interval: {format_duration(settings.scrape_interval)} (and scrape_timeout at most "
+                     f"{format_duration(settings.scrape_interval * 2 / 3)}) on job {settings.job!r}\n")
+    return 0
+
+
+def run_dashboard(args) -> int:
+    try:
+        path = dashboard.write(args.out, args.runbook_url)
+    except ConfigError as exc:
+        sys.stderr.write(f"hangwatch: {exc}\n")
+        return 64
+    print(path)
+    return 0

@@ -1,0 +1,341 @@
+"""Render hangwatch's Prometheus rules for one Prometheus: its scrape interval, job names, runbook.
+
+The rules are written once, as templates (``templates/*.yml``) whose durations say what they
+mean instead of how long they are at 15 s:
+
+- ``${scrapes:X}``: X scrape intervals (a group's ``interval:`` and the hang alert's ``for:``
+  are a fifth of a scrape); scales with the scrape interval;
+- ``${wall:10m}``: wall-clock (weights load for minutes whatever the scrape interval);
+- ``${range}`` in a rule with ``readings: N``: a range holding exactly the last N readings
+  (see ``readings_expr``); ``${streak}``: two readings plus the longest scrape timeout;
+- ``- generate: engine_grace``: the per-engine minimum grace rule, built from
+  ``hangwatch/engines.py`` (``min_grace``, wall-clock);
+- ``${job}``, ``${exporter_jobs}``, ``${job_name}``: the Prometheus jobs (user settings);
+  ``${runbook:anchor}``: a link into the runbook (a user setting, absolute by default).
+
+Templates are read and the rules written with a YAML library: a template is data, a rendered
+file is that data with every placeholder resolved, plus comments (a rule's template-only
+``comment:``) and a header naming the settings. ``hangwatch rules`` writes them for users;
+the files in ``rules/*.yml`` are this module's output for the defaults (a test keeps them
+fresh), which the compose stack and deploy/kubernetes load.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Iterable
+
+import yaml
+
+from hangwatch.engines import ENGINES, EngineMetrics
+from hangwatch.settings import ConfigError, duration
+
+RUNBOOK_URL = "https://github.com/hangwatch/hangwatch/blob/main/docs/runbook.md"
+DEFAULT_SCRAPE = 15.0
+TEMPLATES = ("hangwatch-recording.yml", "hangwatch-alerts.yml", "hangwatch-fleet.yml")
+# The engine's progress signals: any of them moving is engine work (hangwatch/verdict.py).
+PROGRESS_SIGNALS = (("hangwatch_engine_steps_total", "steps"), ("hangwatch_engine_tokens_total", "tokens"),
+                    ("hangwatch_prefix_cache_queries_total", "prefix"),
+                    ("hangwatch_requests_finished_total", "finished"), ("hangwatch_kv_cache_usage_ratio", "kv"))
+# The longest scrape_timeout the rules allow, as a share of the scrape interval (docs/runbook.md#tuning).
+MAX_TIMEOUT_SHARE = 2 / 3
+# Where a window's edge sits between two readings, as a share of the scrape interval: half-way,
+# as far as can be from every reading (see the header below).
+EDGE = 0.5
+
+_PLACEHOLDER = re.compile(r"\$\{(\w+)(?::([^}]*))?\}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What differs between one Prometheus and another."""
+
+    scrape_interval: float = DEFAULT_SCRAPE   # seconds: the hangwatch job's scrape_interval
+    job: str = "hangwatch"                    # the job scraping /probe (a regex, fully anchored)
+    exporter_job: str = "hangwatch_exporter"  # the job scraping the exporter's own /metrics
+    runbook_url: str = RUNBOOK_URL            # the runbook; alerts link to its sections
+    # Tests and demos only: shrink wall-clock durations (minutes, engine grace) too.
+    wall_clock_scale: float = 1.0
+    engines: tuple[EngineMetrics, ...] = ENGINES
+
+    def __post_init__(self):
+        if not self.scrape_interval >= 0.1:
+            raise ConfigError(f"--scrape-interval: {self.scrape_interval:g}s is shorter than 100ms")
+        if not re.fullmatch(r"https?://\S+", self.runbook_url):
+            raise ConfigError(f"--runbook-url: {self.runbook_url!r} is not an http(s) URL")
+        for flag, value in (("--job", self.job), ("--exporter-job", self.exporter_job)):
+            if not value or '"' in value or "\\" in value or "\n" in value:
+                raise ConfigError(f"{flag}: {value!r} is not a job name")
+
+
+def parse_interval(text: str, flag: str = "--scrape-interval") -> float:
+    return duration(text, flag, low=0.1, high=3600.0)
+
+
+def format_duration(seconds: float) -> str:
+    """A Prometheus duration, exact to the millisecond: ``45s``, ``10m``, ``37500ms``."""
+    millis = round(seconds * 1000)
+    if millis <= 0:
+        raise ValueError(f"duration {seconds}s rounds to zero")
+    if millis % 60000 == 0:
+        return f"{millis // 60000}m"
+    if millis % 1000 == 0:
+        return f"{millis // 1000}s"
+    return f"{millis}ms"
+
+
+# --- windows --------------------------------------------------------------------------------
+
+def readings_windows(readings: int, scrape: float) -> tuple[float, float]:
+    """The two ranges whose union holds exactly the last ``readings`` readings at every instant.
+
+    Readings come one scrape apart. A range of (N - 1/2) scrapes holds exactly N of them in the
+    first half of each scrape interval (after the newest reading is stored) and N - 1 in the
+    second; a range of (N + 1/2) scrapes holds N + 1, then N — and N while the newest scrape is
+    still running (Prometheus stores a reading when its scrape ends, up to scrape_timeout after
+    its timestamp). Each range is used only where ``up`` (one sample per scrape, failed ones
+    included) shows it holds exactly N scrapes. Both edges sit half a scrape from every reading,
+    so closed (Prometheus 2) and left-open (Prometheus 3) ranges agree, and scrape jitter, the
+    rule evaluation's phase and the scrape's duration move no reading across an edge.
+    """
+    return ((readings - 1 + EDGE) * scrape, (readings + EDGE) * scrape)
+
+
+def readings_for(grace: float, scrape: float) -> int:
+    """Readings needed to span ``grace`` seconds: hangwatch/verdict.py asks stalled_for >= grace."""
+    return max(3, math.ceil(grace / scrape - 1e-9) + 1)
+
+
+def readings_expr(expr: str, readings: int, settings: Settings) -> str:
+    """``expr`` (ranges written ``${range}``) over exactly the last ``readings`` readings."""
+    parts = []
+    for window in readings_windows(readings, settings.scrape_interval):
+        text = format_duration(window)
+        body = "\n".join("    " + line for line in expr.strip().replace("${range}", text).splitlines())
+        parts.append(f"(\n{body}\n)\n  and on (job, instance) count_over_time(up{{{job_matcher(settings)}}}[{text}])"
+                     f" == {readings}")
+    return "\n or\n".join(parts) + "\n"
+
+
+def progress_expr(range_text: str = "${range}") -> str:
+    """Engine work over a range: any progress signal changing (or resetting), summed per target."""
+    signals = "\n  or\n".join(f'    label_replace(changes({name}[{range_text}]), "signal", "{label}", "", "")'
+                              for name, label in PROGRESS_SIGNALS)
+    return f"sum without (kind, signal) (\n{signals}\n)\n"
+
+
+def grace_rule(settings: Settings) -> dict:
+    """1 for a backend whose engine's minimum grace (hangwatch/engines.py) is not over yet."""
+    branches = []
+    slow = [engine for engine in settings.engines if engine.min_grace > 0]
+    for engine in slow:
+        grace = engine.min_grace * settings.wall_clock_scale
+        readings = readings_for(grace, settings.scrape_interval)
+        flat = readings_expr(progress_expr(), readings, settings)
+        indented = "\n".join("        " + line for line in flat.rstrip().splitlines())
+        branches.append(f'    hangwatch_backend_info{{engine="{engine.name}"}}\n'
+                        f"  unless on (job, instance) (\n{indented}\n  ) == 0")
+    if not branches:
+        expr = "vector(1) unless vector(1)\n"
+    else:
+        expr = ("group without (engine, module, models, version) (\n"
+                + "\n or\n".join(f"  (\n{b}\n  )" for b in branches) + "\n)\n")
+    names = ", ".join(f"{e.name} {format_duration(e.min_grace * settings.wall_clock_scale)}" for e in slow)
+    return {
+        "comment": (f"Generated from hangwatch/engines.py (min_grace: {names}). One step of these engines can "
+                    "take longer than two scrapes (one llama.cpp prompt batch moves nothing for seconds), so "
+                    "no progress must also hold for the engine's minimum grace, as in hangwatch/verdict.py: "
+                    "1 while the readings spanning it (grace / scrape interval + 1, at least 3) are not all "
+                    "without progress. Wall-clock: at a shorter scrape it spans more readings."),
+        "record": "target:hangwatch_engine_progress:within_grace",
+        "expr": expr,
+    }
+
+
+# --- placeholders ---------------------------------------------------------------------------
+
+def job_matcher(settings: Settings) -> str:
+    return f'job=~"{settings.job}"'
+
+
+def _fill(text: str, settings: Settings, where: str) -> str:
+    def one(match: re.Match) -> str:
+        name, arg = match.group(1), match.group(2)
+        if name == "scrapes":
+            return format_duration(float(arg) * settings.scrape_interval)
+        if name == "wall":
+            return format_duration(duration(arg, where) * settings.wall_clock_scale)
+        if name == "streak":
+            return format_duration((2 + MAX_TIMEOUT_SHARE) * settings.scrape_interval)
+        if name == "job":
+            return job_matcher(settings)
+        if name == "job_name":
+            return settings.job
+        if name == "exporter_jobs":
+            return f'job=~"{settings.job}|{settings.exporter_job}"'
+        if name == "runbook":
+            return f"{settings.runbook_url}#{arg}"
+        raise ValueError(f"{where}: unknown placeholder {match.group(0)}")
+    return _PLACEHOLDER.sub(one, text)
+
+
+def _render_rule(rule: dict, settings: Settings, where: str) -> dict:
+    rule = dict(rule)
+    if "expr" in rule:
+        rule["expr"] = rule["expr"].replace("${progress}", progress_expr())
+    readings = rule.pop("readings", None)
+    if readings is not None:
+        rule["expr"] = readings_expr(rule["expr"], int(readings), settings)
+    elif "${range}" in rule.get("expr", ""):
+        raise ValueError(f"{where}: ${{range}} needs readings: N")
+    return _resolve(rule, settings, where)
+
+
+def _resolve(value, settings: Settings, where: str):
+    if isinstance(value, str):
+        return _fill(value, settings, where)
+    if isinstance(value, dict):
+        return {key: _resolve(item, settings, f"{where}.{key}") for key, item in value.items()}
+    if isinstance(value, list):
+        return [_resolve(item, settings, f"{where}[{i}]") for i, item in enumerate(value)]
+    return value
+
+
+def template_text(name: str) -> str:
+    return resources.files("hangwatch.rules").joinpath("templates", name).read_text()
+
+
+def template(name: str) -> dict:
+    return yaml.safe_load(template_text(name))
+
+
+def description(name: str) -> str:
+    """The template's own header comment, after its first line (which says it is a template)."""
+    lines = []
+    for line in template_text(name).splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        if lines or line.strip("# "):
+            lines.append(line)
+    return "".join(line + "\n" for line in lines)
+
+
+def rule_groups(name: str, settings: Settings) -> list[dict]:
+    """The groups of one rule file, every placeholder resolved (rules keep their ``comment``)."""
+    groups = []
+    for group in template(name)["groups"]:
+        rules = []
+        for i, rule in enumerate(group["rules"]):
+            where = f"{name}: {group['name']}.rules[{i}]"
+            if rule.get("generate") == "engine_grace":
+                rule = grace_rule(settings)
+            rules.append(_render_rule(rule, settings, where))
+        groups.append({**_resolve({k: v for k, v in group.items() if k != "rules"}, settings, name),
+                       "rules": rules})
+    return groups
+
+
+# --- writing --------------------------------------------------------------------------------
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for multi-line strings (PromQL), so the files read like hand-written ones."""
+
+
+_Dumper.add_representer(str, lambda dumper, value: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None))
+
+
+def _dump(data, indent: str) -> str:
+    text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100,
+                     allow_unicode=True)
+    return "".join(indent + line if line.strip() else line for line in text.splitlines(keepends=True))
+
+
+def _comment(text: str, indent: str) -> str:
+    words, lines, line = text.split(), [], ""
+    for word in words:
+        if line and len(indent) + 2 + len(line) + 1 + len(word) > 100:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    if line:
+        lines.append(line)
+    return "".join(f"{indent}# {line}\n" for line in lines)
+
+
+def header(name: str, settings: Settings) -> str:
+    s = settings.scrape_interval
+    lo, hi = readings_windows(3, s)
+    lines = [
+        f"GENERATED by `hangwatch rules` from templates/{name}; do not edit. Settings: scrape interval "
+        f"{format_duration(s)}, job=~\"{settings.job}\", exporter job=~\"{settings.exporter_job}\", "
+        f"runbook {settings.runbook_url}"
+        + ("" if settings.wall_clock_scale == 1 else f", wall-clock durations x{settings.wall_clock_scale:g} (tests)")
+        + ". For another Prometheus: hangwatch rules --scrape-interval 5s --job JOB --out DIR "
+          "(docs/runbook.md#tuning).",
+        "",
+        "Durations. Scrape-relative ones scale with the scrape interval: the groups run every fifth of a scrape "
+        f"({format_duration(s / 5)}), the hang alert's for: is one such evaluation. Wall-clock ones do not: the "
+        "minutes of the alerts for people, and each engine's minimum grace (target:hangwatch_engine_progress:"
+        "within_grace, from hangwatch/engines.py).",
+        "",
+        "Windows hold readings, not seconds. A decision over the last N readings (three for no progress, two "
+        "for a restart) reads two ranges: N - 1/2 scrapes and N + 1/2 scrapes "
+        f"({format_duration(lo)} and {format_duration(hi)} for three), each used only where up{{job}} - one "
+        "sample per scrape, failed ones included - shows it holds exactly N scrapes. In the first half of a "
+        "scrape interval the short range holds the last N readings, in the second half the long one does, "
+        "and while a scrape is still running (Prometheus stores a reading when its scrape ends) the long one "
+        "holds the N before it. Every range edge thus sits half a scrape interval from every reading: "
+        "Prometheus 2 (closed ranges) and 3 (left-open ranges) count the same readings, and neither scrape "
+        "jitter, the phase of the rule evaluation nor a scrape lasting up to half the interval moves a reading "
+        "across an edge. A range of exactly N scrapes would not: it holds N + 1 readings on Prometheus 2 when "
+        "an evaluation falls on a scrape's timestamp, and N - 1 while a scrape is running. After a failed "
+        "scrape no range holds N good readings until N more scrapes succeed.",
+        "",
+        "Twice-in-a-row streaks (a failed idle probe, a stalled connection) read two scrapes plus the longest "
+        f"scrape_timeout allowed (two thirds of the interval): {format_duration((2 + MAX_TIMEOUT_SHARE) * s)}; "
+        "they hold the last two or three readings and are built to give the same answer for either.",
+    ]
+    out = [description(name), "#\n"]
+    for line in lines:
+        out.append(_comment(line, "") if line else "#\n")
+    return "".join(out)
+
+
+def render_file(name: str, settings: Settings = Settings()) -> str:
+    """One rule file as text: header, then each group and rule (with its comment) as YAML."""
+    out = [header(name, settings), "groups:\n"]
+    for group in rule_groups(name, settings):
+        rules = group.pop("rules")
+        out.append(_dump([group], "  ").rstrip("\n") + "\n    rules:\n")
+        for rule in rules:
+            comment = rule.pop("comment", None)
+            if comment:
+                out.append(_comment(comment, "      "))
+            out.append(_dump([rule], "      "))
+    return "".join(out)
+
+
+def render_all(settings: Settings = Settings()) -> dict[str, str]:
+    return {name: render_file(name, settings) for name in TEMPLATES}
+
+
+def write(out: Path, settings: Settings = Settings(), names: Iterable[str] = TEMPLATES) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names:
+        path = out / name
+        path.write_text(render_file(name, settings))
+        written.append(path)
+    return written
+
+
+
+def shrunk(scrape_interval: float) -> Settings:
+    """Tests and demos: the rules for ``scrape_interval`` with every duration, wall-clock ones too,
+    scaled as the scrape interval is from 15 s (a 10-minute alert waits 40 s at a 1 s scrape)."""
+    return Settings(scrape_interval=scrape_interval, wall_clock_scale=scrape_interval / DEFAULT_SCRAPE)
