@@ -23,7 +23,7 @@ def test_missing_or_wrong_token_is_401_and_nothing_happens(harness, headers):
     assert response.status_code == 401
     assert response.headers["WWW-Authenticate"].startswith("Bearer")
     h.settle()
-    assert h.docker.gets == [] and h.docker.restarts == [] and h.decisions() == []
+    assert h.restarter.gets == [] and h.restarter.restarts == [] and h.decisions() == []
 
 
 def test_token_is_checked_before_the_body_is_parsed(harness):
@@ -54,7 +54,7 @@ def test_bad_payload_is_400_with_a_short_reason(harness, body, reason):
     response = h.client.post("/alerts", data=body, headers=BEARER, content_type="application/json")
     assert response.status_code == 400
     assert reason in response.get_json()["error"]
-    assert h.docker.gets == []
+    assert h.restarter.gets == []
 
 
 def test_oversized_body_is_413(harness):
@@ -88,7 +88,7 @@ def test_unknown_routes_and_methods_are_4xx(harness):
 
 def test_every_decision_and_restart_series_exists_at_zero_from_the_start(harness):
     """rate() and Grafana annotations need a series before its first event."""
-    from hangwatch.webhook.decide import REASONS
+    from hangwatch.webhook.policy import REASONS
     metrics = harness().client.get("/metrics").text
     for reason in REASONS:
         action = "restart" if reason == "hung" else "skip"
