@@ -45,13 +45,16 @@ def test_example_alertmanager_config_passes_amtool_check_config():
 
 
 @pytest.mark.parametrize("labels, receiver", [
+    # The restart alert reaches the webhook and people: a person always hears of a hang.
     (["alertname=HangwatchBackendHung", "action=restart", "severity=critical", "target=vllm-a",
-      "container=vllm-a"], "hangwatch-webhook"),
+      "container=vllm-a"], "hangwatch-webhook,people"),
+    (["alertname=HangwatchWebhookCircuitOpen", "severity=critical", "target=vllm-a"], "people"),
+    (["alertname=HangwatchExporterDown", "severity=warning", "job=hangwatch_webhook"], "people"),
     (["alertname=HangwatchBackendDown", "severity=warning", "target=vllm-a"], "people"),
     (["alertname=HangwatchBackendRestarted", "severity=info", "target=vllm-a"], "people"),
     (["alertname=SomethingElse", "severity=critical"], "people"),
 ])
-def test_alertmanager_routes_only_restart_alerts_to_the_webhook(labels, receiver):
+def test_alertmanager_routes_only_restart_alerts_to_the_webhook_and_every_alert_to_people(labels, receiver):
     result = _run(require_binary("amtool"), "config", "routes", "test",
                   f"--config.file={EXAMPLES / 'alertmanager.yml'}", *labels)
     assert result.returncode == 0, result.stdout + result.stderr
