@@ -54,9 +54,12 @@ class Server:
 
     def request_stop(self, wake: bool = True) -> None:
         """Stop serving soon. From a signal handler pass ``wake=False`` (only a flag is set)."""
-        self._stop = True
-        if wake:
-            self._server.pull_trigger()
+        already, self._stop = self._stop, True
+        if wake and not already:
+            try:
+                self._server.pull_trigger()
+            except OSError:  # already closed: nothing left to wake
+                pass
 
     def serve_until_stopped(self) -> None:
         loop, sockets = self._server.asyncore.loop, self._server._map

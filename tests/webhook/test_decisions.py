@@ -285,3 +285,34 @@ def test_label_values_cannot_inject_log_lines(harness, caplog):
     h.settle()
     line = next(r.getMessage() for r in caplog.records if "action=" in r.getMessage())
     assert "\n" not in line and len(line) < 600 and "reason=unknown_target" in line
+
+
+def test_an_alert_that_starts_in_the_future_restarts_nothing(harness):
+    """Before: startsAt an hour ahead skipped "already restarted since the alert began" (the
+    container had restarted 10 minutes ago) and the container was restarted again."""
+    h = harness()
+    h.restarter.by_name["vllm-a"].state["StartedAt"] = iso(h.clock() - 600)
+    assert h.post(payload(h.alert(starts_at=iso(h.clock() + 3600)))).status_code == 200
+    h.settle()
+    assert h.restarter.restarts == [] and h.rechecker.calls == [] and h.restarter.gets == []
+    assert reasons(h) == [("skip", "starts_in_future")]
+    assert "3600s ahead of this host's clock" in h.decisions()[0]["detail"]
+
+
+def test_a_start_a_few_seconds_ahead_is_clock_skew_and_still_acted_on(harness):
+    h = harness()
+    h.post(payload(h.alert(starts_at=iso(h.clock() + 20))))
+    h.settle()
+    assert reasons(h) == [("restart", "hung")] and len(h.restarter.restarts) == 1
+
+
+def test_incident_records_hold_container_logs_and_are_private(harness):
+    h = harness()
+    h.post(payload(h.alert()))
+    h.settle()
+    (incident,) = (h.state_dir / "incidents").glob("*.json")
+    assert incident.stat().st_mode & 0o777 == 0o600
+    assert (h.state_dir / "ledger.jsonl").stat().st_mode & 0o777 == 0o600
+    for directory in (h.state_dir, h.state_dir / "incidents", h.state_dir / "locks"):
+        assert directory.stat().st_mode & 0o777 == 0o700, directory
+    assert not [p for p in (h.state_dir / "incidents").iterdir() if p.name.startswith(".")], "a temporary file left"

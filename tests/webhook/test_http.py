@@ -96,3 +96,21 @@ def test_every_decision_and_restart_series_exists_at_zero_from_the_start(harness
     for target in ("vllm-a", "vllm-b"):
         for result in ("ok", "failed"):
             assert f'hangwatch_webhook_restarts_total{{result="{result}",target="{target}"}} 0.0' in metrics
+
+
+def test_a_separate_reset_token_is_the_only_key_to_the_circuit(harness):
+    reset_token = "operator-reset-token-0123456789-abcdef"
+    h = harness(reset_token=reset_token, cooldown="0s", budget={"restarts": 1, "window": "1h"})
+    h.post(payload(h.alert()))
+    h.settle()
+    assert h.client.post("/circuit/vllm-a/reset", headers=BEARER).status_code == 401  # Alertmanager's token
+    assert h.post(payload(h.alert()), headers={"Authorization": f"Bearer {reset_token}"}).status_code == 401
+    assert 'hangwatch_webhook_circuit_open{target="vllm-a"} 1.0' in h.client.get("/metrics").text
+    answer = h.client.post("/circuit/vllm-a/reset", headers={"Authorization": f"Bearer {reset_token}"})
+    assert answer.status_code == 200 and answer.get_json() == {"target": "vllm-a", "reset": True}
+    assert 'hangwatch_webhook_circuit_open{target="vllm-a"} 0.0' in h.client.get("/metrics").text
+
+
+def test_without_a_reset_token_the_alert_token_resets(harness):
+    h = harness()
+    assert h.client.post("/circuit/vllm-a/reset", headers=BEARER).status_code == 200
