@@ -70,8 +70,8 @@ class Ledger:
         for directory in (state_dir, os.path.join(state_dir, "incidents"), os.path.join(state_dir, "locks")):
             os.makedirs(directory, mode=0o700, exist_ok=True)
         self._lock_path = os.path.join(state_dir, "locks", "ledger.lock")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.close(fd)
+        with self._locked():  # never create it while another replica compacts it
+            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
         self._mutex = threading.Lock()
         self._file_id: tuple[int, int] | None = None
         self._offset = 0
@@ -142,8 +142,11 @@ class Ledger:
             os.unlink(previous)
         except FileNotFoundError:
             pass
-        os.link(self.path, previous)      # the old file stays readable at .1 ...
-        os.replace(temporary, self.path)  # ... while the path switches atomically
+        try:
+            os.link(self.path, previous)      # the old file stays readable at .1 ...
+        except OSError:                       # no hard links here: a moment without a ledger, which
+            os.rename(self.path, previous)    # a reader takes as unreadable (no restart), not as empty
+        os.replace(temporary, self.path)      # ... while the path switches atomically
         _fsync_dir(self.state_dir)
         log.info("ledger: compacted %s (%d bytes) to %d records; the old file is %s",
                  self.path, self._offset, len(kept), previous)

@@ -254,3 +254,17 @@ def test_replicas_appending_at_once_lose_no_line(tmp_path):
     fresh = Ledger(state, keep=3600)
     assert [fresh.last_restart(f"t{n}") for n in range(3)] == [20_059.0, 21_059.0, 22_059.0]
     assert all(len(fresh.restarts_counted(f"t{n}", 23_000.0, 3600)) == 60 for n in range(3))
+
+
+def test_compaction_without_hard_links_still_keeps_the_previous_file(tmp_path, monkeypatch):
+    def no_links(*args):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "link", no_links)
+    state = str(tmp_path / "state")
+    ledger = Ledger(state, keep=3600, rotate_bytes=5_000)
+    ledger.append({"event": "restart", "at": 5_000.0, "target": "vllm-a"})
+    for i in range(60):
+        ledger.append({"event": "decision", "at": 5_001.0 + i, "target": "vllm-a", "detail": "q" * 100})
+    assert os.path.getsize(os.path.join(state, "ledger.jsonl.1")) >= 5_000
+    assert os.path.getsize(os.path.join(state, "ledger.jsonl")) < 5_000
+    assert Ledger(state).last_restart("vllm-a") == 5_000.0
