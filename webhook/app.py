@@ -206,7 +206,8 @@ def main(args) -> int:
         try:
             ledger = Ledger(config.state_dir, keep=config.budget.window)
         except (OSError, LedgerError) as exc:
-            raise ConfigError(f"state_dir: cannot use {config.state_dir}: {getattr(exc, 'strerror', None) or exc}") from None
+            reason = getattr(exc, "strerror", None) or exc
+            raise ConfigError(f"state_dir: cannot use {config.state_dir}: {reason}") from None
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch webhook: {exc}\n")
         return EXIT_CONFIG

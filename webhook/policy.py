@@ -41,6 +41,7 @@ RESTART, SKIP = "restart", "skip"
 LOG_TAIL_LINES = 100
 MAX_SHOWN = 120         # characters of an untrusted label value in a log line
 MAX_CLOCK_SKEW = 30.0   # seconds an alert's startsAt may lie ahead of our clock
+STOPPING = "re-check said hung while the webhook was stopping"
 
 # Every reason a decision can give (the `reason` label of decisions_total; a fixed set).
 REASONS = (
@@ -156,7 +157,7 @@ class Policy:
             self.record(alert, target, SKIP, reason, why)
             return
         if self.stopping:
-            self.record(alert, target, SKIP, "shutting_down", "re-check said hung while the webhook was stopping")
+            self.record(alert, target, SKIP, "shutting_down", STOPPING)
             return
         deadline = target.stop_timeout + 2 * self.config.recheck.timeout + 60
         try:
@@ -165,7 +166,7 @@ class Policy:
                 if container is None:
                     return
                 if not self._begin_restart():
-                    self.record(alert, target, SKIP, "shutting_down", "re-check said hung while the webhook was stopping")
+                    self.record(alert, target, SKIP, "shutting_down", STOPPING)
                     return
                 try:
                     self._restart(alert, target, container, result)
