@@ -1,11 +1,12 @@
-"""``hangwatch webhook`` for the demo: the real app, with the simulator standing in for Docker.
+"""``hangwatch webhook`` for the demo: the real app and server, the simulator standing in for Docker.
 
 The webhook looks up the target's container before it re-checks (is it running, did it start
-after the alert began?). The demo has no Docker engine, so this module serves the real
-``webhook.app.create_app`` with a one-container stand-in: the container "runs" the
-simulator, started when this process started; a restart (never sent in dry-run) restarts the
-simulator through its control endpoint. Everything else — token, payload, triage, re-check,
-cooldown, budget, ledger, decision log lines, /metrics — is the real webhook.
+after the alert began?). The demo has no Docker engine, so this module hands the real
+``create_app`` a restarter of its own: each stand-in container "runs" a simulator and
+started when this process started; a restart (never sent in dry-run) restarts the simulator
+through its control endpoint. Everything else — token, payload, triage, re-check, cooldown,
+budget, ledger, decision log lines, /metrics, the server and its SIGTERM handling
+(``server.serve``) — is the real webhook.
 
     python -m demo.nodocker --config webhook.yml --listen 127.0.0.1:9878 --dry-run \\
         --container vllm-sim=http://127.0.0.1:8000
@@ -14,54 +15,42 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from datetime import datetime, timezone
 
 import requests
-from docker.errors import NotFound
 
+from hangwatch.settings import EXIT_CONFIG, ConfigError
 from hangwatch.settings import listen_address as parse_listen
 from hangwatch.webhook.app import create_app
-from hangwatch.webhook.config import ConfigError, load_config, load_token
-from hangwatch.webhook.ledger import Ledger
+from hangwatch.webhook.config import load_config, load_reset_token, load_token
+from hangwatch.webhook.restarter import Container, ContainerNotFound
+from hangwatch.webhook.server import serve
 
 
-class SimulatorContainer:
-    """Just enough of ``docker.models.containers.Container`` for the webhook's decider."""
+class SimulatorRestarter:
+    """A ``Restarter`` over stand-in containers, each one a simulator reached at its URL."""
 
-    def __init__(self, name: str, sim_url: str):
-        self.name, self.id, self.sim_url = name, f"demo-{name}", sim_url.rstrip("/")
-        self.started_at = datetime.now(timezone.utc)
+    def __init__(self, containers: dict[str, str]):
+        self._urls = {name: url.rstrip("/") for name, url in containers.items()}
+        now = datetime.now(timezone.utc)
+        self._started = {name: now for name in containers}
 
-    @property
-    def attrs(self) -> dict:
-        return {"State": {"Status": "running", "Running": True, "Paused": False, "Restarting": False,
-                          "StartedAt": self.started_at.isoformat().replace("+00:00", "Z")}}
+    def find(self, name: str) -> Container:
+        if name not in self._urls:
+            raise ContainerNotFound(name)
+        started = self._started[name]
+        return Container(id=f"demo-{name}", name=name, status="running", running=True, restarting=False,
+                         paused=False, started_at=started,
+                         started_at_text=started.isoformat().replace("+00:00", "Z"))
 
-    def logs(self, tail: int = 100, timestamps: bool = False) -> bytes:
-        return b"(demo: the simulator keeps no container log)\n"
+    def restart(self, container: Container, stop_timeout: float) -> None:
+        requests.post(self._urls[container.name] + "/_sim/state", json={"action": "restart"},
+                      timeout=5).raise_for_status()
+        self._started[container.name] = datetime.now(timezone.utc)
 
-    def restart(self, timeout: int = 10) -> None:
-        requests.post(self.sim_url + "/_sim/state", json={"action": "restart"}, timeout=5).raise_for_status()
-        self.started_at = datetime.now(timezone.utc)
-
-
-class SimulatorDocker:
-    """``client.containers.get(name)`` over a fixed set of stand-in containers."""
-
-    def __init__(self, containers: dict[str, SimulatorContainer]):
-        self._containers = containers
-
-    @property
-    def containers(self) -> "SimulatorDocker":
-        return self
-
-    def get(self, name: str) -> SimulatorContainer:
-        if name not in self._containers:
-            raise NotFound(f"No such container: {name}")
-        return self._containers[name]
+    def log_tail(self, container: Container, lines: int) -> list[str]:
+        return ["(demo: the simulator keeps no container log)"]
 
 
 def _container(text: str) -> tuple[str, str]:
@@ -81,30 +70,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     try:
         config = load_config(args.config)
         token = load_token(config)
+        reset_token = load_reset_token(config, token)
         host, port = parse_listen(args.listen)
     except ConfigError as exc:
         sys.stderr.write(f"demo webhook: {exc}\n")
-        return 64
-    docker = SimulatorDocker({name: SimulatorContainer(name, url) for name, url in args.container})
-    app = create_app(config, token=token, docker_client=docker, ledger=Ledger(config.state_dir),
-                     dry_run=bool(config.dry_run or args.dry_run))
-    from werkzeug.serving import make_server
-    server = make_server(host, port, app, threaded=True)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    logging.getLogger("hangwatch.webhook").info(
-        "webhook listening on http://%s:%d (demo: no Docker; stand-in containers: %s; dry_run=%s)",
-        host, port, ",".join(n for n, _ in args.container) or "none",
-        str(bool(config.dry_run or args.dry_run)).lower())
-    server.serve_forever()
-    state = app.extensions["hangwatch"]
-    state.wait_idle(30)
-    state.close()
-    return 0
+        return EXIT_CONFIG
+    dry_run = bool(config.dry_run or args.dry_run)
+    app = create_app(config, token=token, reset_token=reset_token, dry_run=dry_run,
+                     restarter=SimulatorRestarter(dict(args.container)))
+    return serve(app, host, port, banner=f"demo: no Docker; stand-in containers: "
+                                         f"{','.join(n for n, _ in args.container) or 'none'}; "
+                                         f"dry_run={str(dry_run).lower()}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@
 ``deploy/prometheus.yml`` and ``deploy/alertmanager.yml`` are ``examples/prometheus.yml`` and
 ``examples/alertmanager.yml`` with the compose stack's names (vllm:8000 through exporter:9877,
 Alertmanager at alertmanager:9093, the webhook at webhook:9878, the rules mounted at
-/etc/prometheus/rules) and nothing else changed; the compose stack also scrapes the webhook's
-own metrics (the dashboard's restart annotations), and its "people" receiver has no mail relay
-to send to. Never edit the outputs: ``tests/test_compose.py`` fails when they differ from
+/etc/prometheus/rules, the webhook's own scrape job — its decisions feed the dashboard's restart
+annotations and HangwatchExporterDown — at webhook:9878) and nothing else changed, but that its
+"people" receiver has no mail relay to send to. Never edit the outputs: ``tests/test_compose.py`` fails when they differ from
 what this writes.
 
     python3 deploy/compose_configs.py            # rewrite deploy/prometheus.yml, deploy/alertmanager.yml
@@ -39,7 +39,7 @@ def prometheus() -> dict:
         if relabel.get("target_label") == "__address__":
             relabel["replacement"] = "exporter:9877"
     jobs["hangwatch_exporter"]["static_configs"] = [{"targets": ["exporter:9877"]}]
-    config["scrape_configs"].append({"job_name": "hangwatch_webhook", "static_configs": [{"targets": ["webhook:9878"]}]})
+    jobs["hangwatch_webhook"]["static_configs"] = [{"targets": ["webhook:9878"]}]
     return config
 
 

@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--liveness", action="store_true",
                    help="an exec liveness probe: exit 1 only for hung (0 for anything else), "
-                        "within max(2 x timeout + interval, 2 x interval + timeout) + timeout / 2 (see docs/kubernetes.md)")
+                        "within max(2 x timeout + interval, 2 x interval + timeout) + timeout (see docs/kubernetes.md)")
     c.add_argument("-v", "--verbose", action="store_true", help="print each reading to stderr")
 
     e = commands.add_parser("exporter", help="the Prometheus exporter (/probe?target=...)")

@@ -22,8 +22,8 @@ ends within ``timeout``, whatever the server does; ``interval`` between readings
     stalled engine     reading, interval, reading, interval, reading -> 2 x interval + timeout
                        (the last reading may take the whole timeout; the others answered)
 
-(a reading is started only if it could still take its whole timeout), plus half a timeout
-for the reads that did answer.
+(a reading is started only if it could still take its whole timeout), plus one timeout
+for the reads that did answer (milliseconds each, but not none on a loaded machine).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from .observation import Observation
 from .verdict import BUSY, HUNG, IDLE, RESTARTED, Verdict
 
 # The defaults behind /livez, /readyz and `hangwatch check --liveness`: hung is reachable
-# in one call (needed_budget(2, 2) = 7 s; the budget leaves 2 s to spare) and the answer
+# in one call (needed_budget(2, 2) = 8 s; the budget leaves 1 s to spare) and the answer
 # comes within 9 s, so a kubelet with timeoutSeconds 10 never counts a slow answer as a failure.
 INTERVAL, TIMEOUT, BUDGET = 2.0, 2.0, 9.0
 
@@ -50,9 +50,9 @@ def reading_seconds(module: str, timeout: float) -> float:
 
 def needed_budget(interval: float, timeout: float) -> float:
     """The smallest budget in which every kind of hang can be reached in one check: the
-    longest path above, plus half a timeout for the readings that did answer (a /metrics
-    read takes milliseconds, but not none)."""
-    return max(2 * timeout + interval, 2 * interval + timeout) + timeout / 2
+    longest path above, plus one timeout for the readings that did answer (a /metrics read
+    takes milliseconds, but not none on a loaded machine)."""
+    return max(2 * timeout + interval, 2 * interval + timeout) + timeout
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def budget_error(interval: float, timeout: float, budget: float) -> str | None:
     need = needed_budget(interval, timeout)
     if budget + 1e-9 < need:
         return (f"{budget:g}s cannot hold a check that reaches hung "
-                f"(needs at least max(2 x timeout + interval, 2 x interval + timeout) + timeout / 2"
+                f"(needs at least max(2 x timeout + interval, 2 x interval + timeout) + timeout"
                 f" = {need:g}s)")
     if not math.isfinite(budget):
         return "must be finite"

@@ -28,6 +28,8 @@ def add_rules_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the job that scrapes the exporter's /probe (a regex; default hangwatch)")
     parser.add_argument("--exporter-job", default="hangwatch_exporter",
                         help="the job that scrapes the exporter's own /metrics (default hangwatch_exporter)")
+    parser.add_argument("--webhook-job", default="hangwatch_webhook",
+                        help="the job that scrapes the webhook's own /metrics (default hangwatch_webhook)")
     parser.add_argument("--runbook-url", default=RUNBOOK_URL, metavar="URL",
                         help="the runbook the alerts link to (default: the project's docs/runbook.md)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the rule files")
@@ -42,7 +44,7 @@ def add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
 def run_rules(args) -> int:
     try:
         settings = Settings(scrape_interval=args.scrape_interval, job=args.job, exporter_job=args.exporter_job,
-                            runbook_url=args.runbook_url)
+                            webhook_job=args.webhook_job, runbook_url=args.runbook_url)
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch: {exc}\n")
         return 64

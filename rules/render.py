@@ -10,7 +10,7 @@ mean instead of how long they are at 15 s:
   (see ``readings_expr``); ``${streak}``: two readings plus the longest scrape timeout;
 - ``- generate: engine_grace``: the per-engine minimum grace rule, built from
   ``hangwatch/engines.py`` (``min_grace``, wall-clock);
-- ``${job}``, ``${exporter_jobs}``, ``${job_name}``: the Prometheus jobs (user settings);
+- ``${job}``, ``${own_jobs}`` (the exporter's and the webhook's own jobs), ``${job_name}``: the Prometheus jobs (user settings);
   ``${runbook:anchor}``: a link into the runbook (a user setting, absolute by default).
 
 Templates are read and the rules written with a YAML library: a template is data, a rendered
@@ -56,6 +56,7 @@ class Settings:
     scrape_interval: float = DEFAULT_SCRAPE   # seconds: the hangwatch job's scrape_interval
     job: str = "hangwatch"                    # the job scraping /probe (a regex, fully anchored)
     exporter_job: str = "hangwatch_exporter"  # the job scraping the exporter's own /metrics
+    webhook_job: str = "hangwatch_webhook"    # the job scraping the webhook's own /metrics
     runbook_url: str = RUNBOOK_URL            # the runbook; alerts link to its sections
     # Tests and demos only: shrink wall-clock durations (minutes, engine grace) too.
     wall_clock_scale: float = 1.0
@@ -66,7 +67,8 @@ class Settings:
             raise ConfigError(f"--scrape-interval: {self.scrape_interval:g}s is shorter than 100ms")
         if not re.fullmatch(r"https?://\S+", self.runbook_url):
             raise ConfigError(f"--runbook-url: {self.runbook_url!r} is not an http(s) URL")
-        for flag, value in (("--job", self.job), ("--exporter-job", self.exporter_job)):
+        for flag, value in (("--job", self.job), ("--exporter-job", self.exporter_job),
+                            ("--webhook-job", self.webhook_job)):
             if not value or '"' in value or "\\" in value or "\n" in value:
                 raise ConfigError(f"{flag}: {value!r} is not a job name")
 
@@ -174,8 +176,8 @@ def _fill(text: str, settings: Settings, where: str) -> str:
             return job_matcher(settings)
         if name == "job_name":
             return settings.job
-        if name == "exporter_jobs":
-            return f'job=~"{settings.job}|{settings.exporter_job}"'
+        if name == "own_jobs":  # every job scraping hangwatch itself: the exporter's and the webhook's
+            return f'job=~"{settings.job}|{settings.exporter_job}|{settings.webhook_job}"'
         if name == "runbook":
             return f"{settings.runbook_url}#{arg}"
         raise ValueError(f"{where}: unknown placeholder {match.group(0)}")

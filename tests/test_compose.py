@@ -66,16 +66,77 @@ def test_the_sim_profile_swaps_vllm_for_the_simulator_under_the_same_names():
         assert service["networks"]["hangwatch"]["aliases"] == ["vllm"]
     assert gpu["vllm"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     assert gpu["vllm"]["image"].startswith("vllm/vllm-openai:")
-    common = {"exporter", "prometheus", "alertmanager", "webhook", "grafana"}
+    common = {"exporter", "prometheus", "alertmanager", "webhook", "docker-proxy", "grafana"}
     assert set(gpu) == common | {"vllm"} and set(sim) == common | {"vllm-sim"}
 
 
 # -- safety ------------------------------------------------------------------------------------
-def test_only_the_webhook_gets_the_docker_socket():
+def test_only_the_socket_proxy_gets_the_docker_socket_and_read_only():
     for name, service in services().items():
-        mounts = " ".join(str(v) for v in service.get("volumes", []))
-        assert ("docker.sock" in mounts) == (name == "webhook"), name
+        mounts = [str(v) for v in service.get("volumes", [])]
+        socket_mounts = [m for m in mounts if "docker.sock" in m]
+        assert bool(socket_mounts) == (name == "docker-proxy"), name
+        assert all(m.endswith(":ro") for m in socket_mounts), socket_mounts
         assert not service.get("privileged"), name
+    assert not any("docker.sock" in str(v) for v in services()["webhook"].get("volumes", []))
+
+
+def test_the_webhook_reaches_docker_only_through_the_proxy_on_a_private_network():
+    data = resolved([])
+    webhook, proxy = data["services"]["webhook"], data["services"]["docker-proxy"]
+    assert webhook["environment"]["DOCKER_HOST"] == "tcp://docker-proxy:2375"
+    assert "-proxyport=2375" in proxy["command"] and "-listenip=0.0.0.0" in proxy["command"]
+    assert "-allowfrom=webhook" in proxy["command"], "only the webhook may use the proxy"
+    assert set(proxy["networks"]) == {"docker-api"}
+    assert set(webhook["networks"]) == {"hangwatch", "docker-api"}
+    assert data["networks"]["docker-api"].get("internal") is True
+    users = [name for name, s in data["services"].items() if "docker-api" in s.get("networks", {})]
+    assert sorted(users) == ["docker-proxy", "webhook"]
+    assert "depends_on" in webhook and "docker-proxy" in webhook["depends_on"]
+    assert "ports" not in proxy
+    assert proxy["read_only"] is True and proxy["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in proxy["security_opt"]
+    assert proxy["image"].startswith("wollomatic/socket-proxy:") and ":latest" not in proxy["image"]
+
+
+def proxy_allowlist() -> dict[str, re.Pattern]:
+    """The proxy's per-method allowlist as it applies it: anchored, matched against the path."""
+    allowed = {}
+    for arg in services()["docker-proxy"]["command"]:
+        match = re.fullmatch(r"-allow(GET|HEAD|POST|PUT|PATCH|DELETE|CONNECT|TRACE|OPTIONS)=(.*)", arg)
+        if match:
+            assert match.group(1) not in allowed, f"{match.group(1)} given twice"
+            allowed[match.group(1)] = re.compile("^" + match.group(2) + "$")
+    return allowed
+
+
+def proxy_allows(method: str, path: str) -> bool:
+    pattern = proxy_allowlist().get(method)
+    return bool(pattern and pattern.match(path))
+
+
+def test_the_proxy_allows_what_the_webhook_calls_and_nothing_that_could_take_the_host():
+    from tests.webhook.test_restarter import recorded_engine_calls
+    calls = recorded_engine_calls()
+    assert {m for m, _ in calls} == {"GET", "POST"} and len(calls) >= 5
+    for method, path in calls:
+        assert proxy_allows(method, path), f"the proxy would refuse the webhook's {method} {path}"
+    assert set(proxy_allowlist()) == {"GET", "POST"}
+    cid = "3f" * 32
+    for method, path in [
+        ("POST", "/v1.41/containers/create"), ("POST", f"/v1.41/containers/{cid}/exec"),
+        ("POST", f"/v1.41/containers/{cid}/kill"), ("POST", f"/v1.41/containers/{cid}/stop"),
+        ("POST", f"/v1.41/containers/{cid}/start"), ("DELETE", f"/v1.41/containers/{cid}"),
+        ("POST", f"/v1.41/containers/{cid}/update"), ("PUT", f"/v1.41/containers/{cid}/archive"),
+        ("GET", f"/v1.41/containers/{cid}/archive"), ("GET", f"/v1.41/containers/{cid}/export"),
+        ("HEAD", f"/v1.41/containers/{cid}/archive"), ("POST", "/v1.41/images/create"),
+        ("GET", "/v1.41/images/json"), ("POST", "/v1.41/volumes/create"), ("POST", "/v1.41/build"),
+        ("GET", "/v1.41/info"), ("GET", "/v1.41/events"), ("POST", "/v1.41/exec/abc/start"),
+        ("GET", "/v1.41/secrets"), ("POST", "/v1.41/swarm/init"), ("POST", "/session"),
+        ("POST", f"/v1.41/containers/{cid}/restart/../../create"), ("GET", "/v1.41/containers/../images/json"),
+        ("POST", f"/v1.41/containers/{cid}/attach"), ("GET", f"/v1.41/containers/{cid}/attach/ws"),
+    ]:
+        assert not proxy_allows(method, path), f"the proxy lets through {method} {path}"
 
 
 def test_the_token_comes_from_a_file_never_from_the_compose_file():
@@ -86,6 +147,10 @@ def test_the_token_comes_from_a_file_never_from_the_compose_file():
         assert "token" not in environment or name == "vllm", f"{name}: a token in the environment"
     assert services()["webhook"]["secrets"] == ["hangwatch-token"]
     assert services()["alertmanager"]["secrets"] == ["hangwatch-token"]
+    # The file is the webhook user's (0440, see deploy/README.md); Alertmanager reads it
+    # through that group, so nobody else needs to.
+    uid, gid = services()["webhook"]["user"].split(":")
+    assert services()["alertmanager"]["group_add"] == [gid]
     assert load_webhook_config(str(DEPLOY / "webhook.yml")).token_file == "/run/secrets/hangwatch-token"
     alertmanager = yaml.safe_load((DEPLOY / "alertmanager.yml").read_text())
     hook = next(r for r in alertmanager["receivers"] if r["name"] == "hangwatch-webhook")["webhook_configs"][0]
@@ -95,7 +160,7 @@ def test_the_token_comes_from_a_file_never_from_the_compose_file():
 
 
 def test_exporter_and_webhook_are_reachable_on_the_compose_network_only():
-    for name in ("exporter", "webhook"):
+    for name in ("exporter", "webhook", "docker-proxy"):
         assert "ports" not in services()[name], name
     for name, service in services().items():
         for port in service.get("ports", []):
@@ -112,6 +177,9 @@ def test_every_service_has_a_healthcheck_that_sends_no_inference_request():
             assert name == "vllm", f"{name}: only vLLM may go without one (hangwatch judges it)"
             continue
         test = " ".join(check["test"])
+        if name == "docker-proxy":  # its image's own check of the socket (no shell, no HTTP client)
+            assert check["test"] == ["CMD", "./healthcheck"] and "-allowhealthcheck" in service["command"]
+            continue
         assert not re.search(r"/v1/(chat/)?completions|/generate", test), f"{name}: {test}"
         assert "hangwatch check" in test or re.search(r"/metrics|/-/ready|/healthz|/api/health", test), test
 
@@ -187,7 +255,7 @@ def test_alertmanager_config_is_valid_and_routes_as_the_example():
         {k: v for k, v in example_hook.items() if k not in ("url", "http_config")}
 
 
-def test_alertmanager_routes_the_restart_alert_to_the_webhook_and_the_rest_to_people():
+def test_alertmanager_routes_the_restart_alert_to_the_webhook_and_every_alert_to_people():
     amtool = require_binary("amtool")
 
     def receiver(*labels):
@@ -196,7 +264,8 @@ def test_alertmanager_routes_the_restart_alert_to_the_webhook_and_the_rest_to_pe
         return done.stdout.strip()
 
     assert receiver("alertname=HangwatchBackendHung", "action=restart", "severity=critical",
-                    "target=vllm", "container=hangwatch-vllm") == "hangwatch-webhook"
+                    "target=vllm", "container=hangwatch-vllm") == "hangwatch-webhook,people"
+    assert receiver("alertname=HangwatchWebhookCircuitOpen", "severity=critical", "target=vllm") == "people"
     assert receiver("alertname=HangwatchBackendDown", "severity=warning", "target=vllm") == "people"
 
 
@@ -231,8 +300,11 @@ def test_the_image_holds_the_packages_the_services_run():
     for folder in folders:  # every installed package's folder (package-dir), rules and dashboards too
         assert f"COPY {folder} ./{folder}" in dockerfile, folder
         assert f"!{folder}/" in (REPO / ".dockerignore").read_text(), folder
-    assert re.search(r"^USER \d+", dockerfile, re.M), "the image runs unprivileged by default"
-    assert services()["webhook"]["user"] == "0:0"  # the one exception: the Docker socket
+    user = re.search(r"^USER (\d+)", dockerfile, re.M)
+    assert user, "the image runs unprivileged by default"
+    assert services()["webhook"]["user"] == f"{user.group(1)}:{user.group(1)}", "the webhook runs as the image's user"
+    assert re.search(r"install -d -o 10001 -g 10001 -m 0700 /var/lib/hangwatch", dockerfile), \
+        "the state directory belongs to that user, so a fresh webhook-state volume does too"
 
 
 # -- one source: examples/ --------------------------------------------------------------------
@@ -254,3 +326,9 @@ def test_the_drift_check_catches_an_edited_copy(tmp_path, monkeypatch):
     (tmp_path / "alertmanager.yml").write_text((DEPLOY / "alertmanager.yml").read_text())
     monkeypatch.setattr(module, "DEPLOY", tmp_path)
     assert module.main(["--check"]) == 1
+
+
+def test_sigterm_waits_long_enough_for_a_restart_under_way():
+    from hangwatch.webhook.app import restart_bound
+    grace = services()["webhook"]["stop_grace_period"]
+    assert grace.endswith("s") and float(grace[:-1]) > restart_bound(load_webhook_config(str(DEPLOY / "webhook.yml")))

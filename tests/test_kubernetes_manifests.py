@@ -166,7 +166,9 @@ def test_prometheus_rule_groups_are_the_rule_files_groups(rendered):
     assert set(rules) == {p.stem for p in files}
     for path in files:  # the shipped rules, with the jobs the Operator names (deploy/kubernetes/generate.py)
         shipped = yaml.safe_load(path.read_text().replace('job=~"hangwatch"', 'job=~"vllm-hangwatch|probe/hangwatch/hangwatch-external"')
-                                 .replace('job=~"hangwatch|hangwatch_exporter"', 'job=~"vllm-hangwatch|probe/hangwatch/hangwatch-external|hangwatch-exporter"')
+                                 .replace('job=~"hangwatch|hangwatch_exporter|hangwatch_webhook"',
+                                          'job=~"vllm-hangwatch|probe/hangwatch/hangwatch-external|hangwatch-exporter'
+                                          '|hangwatch_webhook"')
                                  .replace('in job "hangwatch"', 'in job "vllm-hangwatch|probe/hangwatch/hangwatch-external"'))
         assert rules[path.stem]["spec"]["groups"] == shipped["groups"], path.name
         assert rules[path.stem]["metadata"]["namespace"] == "hangwatch"

@@ -22,7 +22,7 @@ from hangwatch.simulator import Simulator
 from tests.support.pages import Page, PageServer
 from tests.test_reading import VLLM_TWO_ENGINES
 
-# Short readings for unit tests: hung is reachable in needed_budget(0.3, 0.3) = 1.05 s.
+# Short readings for unit tests: hung is reachable in needed_budget(0.3, 0.3) = 1.2 s.
 FAST = {"liveness_interval": "300ms", "liveness_timeout": "300ms", "liveness_budget": "1500ms"}
 BUDGET = 1.5
 
@@ -190,11 +190,11 @@ def test_bounded_check_stops_before_the_budget_and_is_never_hung_for_it():
 
 
 def test_budget_too_small_to_reach_hung_is_a_config_error_naming_the_key():
-    with pytest.raises(ConfigError, match=r"^liveness_budget: .*needs at least .* = 7s"):
+    with pytest.raises(ConfigError, match=r"^liveness_budget: .*needs at least .* = 8s"):
         exporter_config({"liveness_budget": "5s"})
     with pytest.raises(ConfigError, match=r"^liveness_interval: "):
         exporter_config({"liveness_interval": 2})
-    assert needed_budget(2, 2) == 7 and ExporterConfig().liveness_budget >= needed_budget(2, 2)
+    assert needed_budget(2, 2) == 8 and ExporterConfig().liveness_budget >= needed_budget(2, 2)
 
 
 # -- not an open relay ---------------------------------------------------------------------------

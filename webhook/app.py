@@ -1,12 +1,14 @@
 """``hangwatch webhook``: the Alertmanager receiver that restarts only what it proves hung.
 
-``create_app`` is a Flask app factory taking every collaborator (Docker client, clock,
-re-checker, ledger), so tests run it with fakes; ``main`` alone builds the real ones.
-``POST /alerts`` checks the token before reading the body, validates the v4 payload,
-triages each alert in the request (cheap: labels against the config, one Docker lookup
-under a deadline) and hands the slow part (re-check, restart) to the per-target worker,
-answering within a second. Answers: 200 handled or deliberately ignored, 400 bad payload,
-401 bad token, 503 Docker unreachable (Alertmanager retries only 5xx).
+``create_app`` is a Flask app factory taking every collaborator (the restarter, clock,
+re-checker, ledger), so tests and the demo run it with their own; ``main`` alone builds the
+real ones (``DockerRestarter``) and hands the app to ``server.serve``. ``POST /alerts``
+checks the token before reading the body, validates the v4 payload, triages each alert in
+the request (cheap: labels against the config, one container lookup under a deadline) and
+hands the slow part (re-check, restart) to the per-target worker, answering within a second.
+Answers: 200 handled or deliberately ignored, 400 bad payload, 401 bad token, 503 Docker
+unreachable (Alertmanager retries only 5xx). ``POST /circuit/<target>/reset`` takes the
+operator's reset token when one is configured (``reset_token_file``), else the alert token.
 """
 from __future__ import annotations
 
@@ -14,71 +16,89 @@ import concurrent.futures
 import hmac
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from hangwatch.settings import ConfigError, listen_address
+from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
-from .config import Config, load_config, load_token
-from .decide import REASONS, SKIP, Decider, EngineError, Job
-from .ledger import Ledger
+from .config import Config, load_config, load_reset_token, load_token
+from .ledger import Ledger, LedgerError
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .payload import BadPayload, parse_payload
+from .policy import REASONS, SKIP, Job, Policy
+from .restarter import DOCKER_TIMEOUT, ContainerNotFound, DockerRestarter, EngineError, Restarter
+from .server import MAX_BODY_BYTES, serve
 from .worker import Worker
 
 log = logging.getLogger("hangwatch.webhook")
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
 ENGINE_DEADLINE = 0.8  # seconds the request may wait for Docker (Alertmanager wants an answer fast)
-EXIT_CONFIG = 64
+
+
+def restart_bound(config: Config) -> float:
+    """How long a restart under way may still take (the log tail, the records, ``docker restart``
+    with the longest stop timeout): SIGTERM waits this long, and no longer, for it."""
+    return max(t.stop_timeout for t in config.targets) + 3 * DOCKER_TIMEOUT + 5
 
 
 @dataclass
 class WebhookState:
     """What the app holds; tests reach it as ``app.extensions["hangwatch"]``."""
     config: Config
-    decider: Decider
+    policy: Policy
     worker: Worker
     ledger: Ledger
     metrics: WebhookMetrics
     engine_pool: concurrent.futures.ThreadPoolExecutor
 
+    @property
+    def restart_bound(self) -> float:
+        return restart_bound(self.config)
+
     def wait_idle(self, timeout: float) -> bool:
         return self.worker.wait_idle(timeout)
+
+    def shutdown(self, timeout: float) -> bool:
+        """No new restart; wait up to ``timeout`` s for one under way; close. True if none was cut short."""
+        finished = self.policy.stop(timeout)
+        if self.worker.in_progress():
+            log.info("stopping: abandoning %d job(s) still re-checking (Alertmanager re-sends)",
+                     self.worker.in_progress())
+        self.close()
+        return finished
 
     def close(self) -> None:
         self.engine_pool.shutdown(wait=False, cancel_futures=True)
         self.ledger.close()
 
 
-def create_app(config: Config, *, token: str, docker_client, clock=time.time, rechecker=None,
-               dry_run: bool | None = None, ledger: Ledger | None = None, replica: str | None = None,
-               engine_deadline: float = ENGINE_DEADLINE) -> Flask:
+def create_app(config: Config, *, token: str, restarter: Restarter, reset_token: str | None = None,
+               clock=time.time, rechecker=None, dry_run: bool | None = None, ledger: Ledger | None = None,
+               replica: str | None = None, engine_deadline: float = ENGINE_DEADLINE) -> Flask:
     if rechecker is None:
         from hangwatch.check import check as rechecker
-    ledger = ledger or Ledger(config.state_dir)
+    ledger = ledger or Ledger(config.state_dir, keep=config.budget.window)
     holder: dict = {}
-    metrics = WebhookMetrics(lambda: holder["decider"].circuit_open(), lambda: holder["worker"].in_progress())
+    metrics = WebhookMetrics(lambda: holder["policy"].circuit_open(), lambda: holder["worker"].in_progress())
     metrics.preset([target.name for target in config.targets], REASONS)
-    decider = Decider(config, docker_client=docker_client, clock=clock, rechecker=rechecker, ledger=ledger,
-                      metrics=metrics, dry_run=config.dry_run if dry_run is None else dry_run, replica=replica)
-    worker = Worker(decider.run)
-    holder.update(decider=decider, worker=worker)
-    state = WebhookState(config, decider, worker, ledger, metrics,
+    policy = Policy(config, restarter=restarter, clock=clock, rechecker=rechecker, ledger=ledger, metrics=metrics,
+                    dry_run=config.dry_run if dry_run is None else dry_run, replica=replica)
+    worker = Worker(policy.run)
+    holder.update(policy=policy, worker=worker)
+    state = WebhookState(config, policy, worker, ledger, metrics,
                          concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="hangwatch-docker"))
-    expected = token.encode()
+    alert_token = token.encode()
+    reset_tokens = [(reset_token or token).encode()]
 
     app = Flask("hangwatch.webhook")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["hangwatch"] = state
 
-    def authorized() -> bool:
+    def authorized(expected: bytes) -> bool:
         scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
         given = credentials.strip().encode("utf-8", errors="replace")
         return hmac.compare_digest(given, expected) and scheme.lower() == "bearer"
@@ -105,7 +125,7 @@ def create_app(config: Config, *, token: str, docker_client, clock=time.time, re
 
     @app.post("/alerts")
     def alerts():
-        if not authorized():  # before the body is read or parsed
+        if not authorized(alert_token):  # before the body is read or parsed
             return unauthorized()
         body = request.get_data(cache=False)
         log.debug("payload: %r", body[:4096])
@@ -114,36 +134,40 @@ def create_app(config: Config, *, token: str, docker_client, clock=time.time, re
         except BadPayload as exc:
             log.info("rejected payload: %s", exc)
             return jsonify(error=str(exc)), 400
-        candidates = [(alert, target) for alert in parsed if (target := decider.triage(alert)) is not None]
+        candidates = [(alert, target) for alert in parsed if (target := policy.triage(alert)) is not None]
         if not candidates:
             return jsonify(alerts=len(parsed), queued=[])
         targets = {target.name: target for _, target in candidates}
-        future = state.engine_pool.submit(_lookup_all, decider, list(targets.values()))
+        future = state.engine_pool.submit(_lookup_all, policy, list(targets.values()))
         try:
             found = future.result(timeout=engine_deadline)
         except (EngineError, concurrent.futures.TimeoutError) as exc:
             detail = str(exc) or f"no answer within {engine_deadline:g}s"
             for alert, target in candidates:
-                decider.record(alert, target, SKIP, "docker_unreachable", detail)
+                policy.record(alert, target, SKIP, "docker_unreachable", detail)
             return jsonify(error="docker engine unreachable; retry later"), 503
         queued = []
         for alert, target in candidates:
             if not found[target.name]:
-                decider.record(alert, target, SKIP, "container_not_found")
+                policy.record(alert, target, SKIP, "container_not_found")
             elif worker.submit(target.name, Job(alert, target)):
                 queued.append(target.name)
             else:
-                decider.record(alert, target, SKIP, "duplicate", "a job for this target is already in progress")
+                policy.record(alert, target, SKIP, "duplicate", "a job for this target is already in progress")
         return jsonify(alerts=len(parsed), queued=queued)
 
     @app.post("/circuit/<name>/reset")
     def reset(name: str):
-        if not authorized():
+        if not any(authorized(expected) for expected in reset_tokens):
             return unauthorized()
         target = config.target(name)
         if target is None:
             return jsonify(error="unknown target"), 404
-        decider.reset_circuit(target)
+        try:
+            policy.reset_circuit(target)
+        except LedgerError as exc:
+            log.error("circuit reset target=%s NOT done: %s", target.name, exc)
+            return jsonify(error="the ledger cannot be written; the circuit is unchanged"), 503
         return jsonify(target=target.name, reset=True)
 
     @app.get("/metrics")
@@ -152,79 +176,43 @@ def create_app(config: Config, *, token: str, docker_client, clock=time.time, re
 
     @app.get("/healthz")
     def healthz():
-        return jsonify(status="ok", dry_run=decider.dry_run, targets=len(config.targets),
+        return jsonify(status="ok", dry_run=policy.dry_run, targets=len(config.targets),
                        jobs_in_progress=worker.in_progress())
 
     return app
 
 
-def _lookup_all(decider: Decider, targets) -> dict[str, bool]:
-    """Does Docker know each target's container? Raises EngineError if Docker cannot say."""
-    from docker.errors import NotFound
+def _lookup_all(policy: Policy, targets) -> dict[str, bool]:
+    """Does the engine know each target's container? Raises EngineError if it cannot say."""
     found = {}
     for target in targets:
         try:
-            decider.container(target)
+            policy.container(target)
             found[target.name] = True
-        except NotFound:
+        except ContainerNotFound:
             found[target.name] = False
     return found
-
-
-class LazyDocker:
-    """``docker.from_env()`` on first use, retried until it works: the engine may start after us."""
-
-    def __init__(self, timeout: float = 30.0):
-        self._timeout = timeout
-        self._client = None
-        self._lock = threading.Lock()
-
-    @property
-    def containers(self):
-        with self._lock:
-            if self._client is None:
-                import docker
-                self._client = docker.from_env(timeout=self._timeout)
-            return self._client.containers
 
 
 def main(args) -> int:
     level = os.environ.get("HANGWATCH_LOG_LEVEL", "info").upper()
     logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     try:
         config = load_config(args.config)
         token = load_token(config)
+        reset_token = load_reset_token(config, token)
         host, port = listen_address(args.listen)
         try:
-            ledger = Ledger(config.state_dir)
-        except OSError as exc:
-            raise ConfigError(f"state_dir: cannot use {config.state_dir}: {exc.strerror or exc}") from None
+            ledger = Ledger(config.state_dir, keep=config.budget.window)
+        except (OSError, LedgerError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise ConfigError(f"state_dir: cannot use {config.state_dir}: {reason}") from None
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch webhook: {exc}\n")
         return EXIT_CONFIG
     dry_run = bool(config.dry_run or args.dry_run)
-    app = create_app(config, token=token, docker_client=LazyDocker(), ledger=ledger, dry_run=dry_run)
-    from werkzeug.serving import make_server
-    try:
-        server = make_server(host, port, app, threaded=True)
-    except OSError as exc:
-        sys.stderr.write(f"hangwatch webhook: cannot listen on {args.listen}: {exc.strerror or exc}\n")
-        return 1
-
-    def stop(signum, frame):
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    log.info("webhook listening on http://%s:%d (targets: %s; dry_run=%s; state_dir=%s)", host, server.port,
-             ",".join(t.name for t in config.targets), str(dry_run).lower(), config.state_dir)
-    server.serve_forever()
-    state = app.extensions["hangwatch"]
-    longest = max(t.stop_timeout for t in config.targets) + 3 * config.recheck.interval + 10
-    if not state.wait_idle(longest):
-        log.warning("stopping with a job still in progress")
-    state.close()
-    log.info("webhook stopped")
-    return 0
+    app = create_app(config, token=token, reset_token=reset_token, restarter=DockerRestarter(), ledger=ledger,
+                     dry_run=dry_run)
+    return serve(app, host, port, banner=f"targets: {','.join(t.name for t in config.targets)}; "
+                                         f"dry_run={str(dry_run).lower()}; state_dir={config.state_dir}")

@@ -7,16 +7,20 @@ port is bound. The keys and defaults are DESIGN.md's "The webhook".
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 
 from hangwatch.modules import MODULES as MODULE_TABLE
 from hangwatch.observation import PROBE_AUTO, PROBE_KINDS
-from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, mapping,
+from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, loose_permissions, mapping,
                                 optional_duration, secret_file, show, string, string_list)
 
+log = logging.getLogger("hangwatch.webhook")
+
 TOKEN_ENV = "HANGWATCH_WEBHOOK_TOKEN"
+MIN_TOKEN_CHARS = 32  # secrets.token_urlsafe(32) gives 43; a short token can be guessed
 # module -> may it ever be restarted?  A proxy or a FastChat front serves many backends:
 # restart those instead. The table is hangwatch/modules.py's, so a new module is known here too.
 MODULES = {name: row.restartable for name, row in MODULE_TABLE.items()}
@@ -51,6 +55,7 @@ class Target:
 class Config:
     targets: tuple[Target, ...]
     token_file: str | None = None
+    reset_token_file: str | None = None
     state_dir: str = "/var/lib/hangwatch"
     dry_run: bool = False
     alertnames: tuple[str, ...] = ("HangwatchBackendHung",)
@@ -69,12 +74,15 @@ def load_config(path: str) -> Config:
 def parse_config(raw) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping, got {show(raw)}")
-    top = mapping(raw, "", {"token_file", "state_dir", "dry_run", "alertnames", "recheck",
+    top = mapping(raw, "", {"token_file", "reset_token_file", "state_dir", "dry_run", "alertnames", "recheck",
                             "cooldown", "budget", "targets"})
     defaults = Config(targets=())
     token_file = top.get("token_file")
     if token_file is not None:
         token_file = string(token_file, "token_file")
+    reset_token_file = top.get("reset_token_file")
+    if reset_token_file is not None:
+        reset_token_file = string(reset_token_file, "reset_token_file")
     state_dir = string(top.get("state_dir", defaults.state_dir), "state_dir")
     dry_run = boolean(top.get("dry_run", False), "dry_run")
     alertnames = top.get("alertnames", list(defaults.alertnames))
@@ -104,26 +112,47 @@ def parse_config(raw) -> Config:
             if value in seen:
                 raise ConfigError(f"targets[{i}].{key}: {value!r} is already used by targets[{seen[value]}]")
             seen[value] = i
-    return Config(targets=targets, token_file=token_file, state_dir=state_dir, dry_run=dry_run,
-                  alertnames=alertnames, recheck=recheck, cooldown=cooldown, budget=budget)
+    return Config(targets=targets, token_file=token_file, reset_token_file=reset_token_file,
+                  state_dir=state_dir, dry_run=dry_run, alertnames=alertnames, recheck=recheck,
+                  cooldown=cooldown, budget=budget)
 
 
 def load_token(config: Config, env=os.environ) -> str:
-    """The bearer token: ``token_file`` if configured, else ``$HANGWATCH_WEBHOOK_TOKEN``."""
+    """The bearer token Alertmanager sends: ``token_file`` if configured, else ``$HANGWATCH_WEBHOOK_TOKEN``."""
     if config.token_file:
-        try:
-            with open(config.token_file, encoding="utf-8") as handle:
-                token = handle.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"token_file: cannot read {config.token_file}: {exc.strerror or exc}") from None
-        where = "token_file: the file"
-    else:
-        token = env.get(TOKEN_ENV, "").strip()
-        where = f"token_file: not set, and ${TOKEN_ENV}"
+        return _token_from_file(config.token_file, "token_file")
+    token = env.get(TOKEN_ENV, "").strip()
+    where = f"token_file: not set, and ${TOKEN_ENV}"
     if not token:
         raise ConfigError(f"{where} is empty (a bearer token is required)")
     if any(c.isspace() for c in token) or not token.isprintable() or not token.isascii():
-        raise ConfigError(f"{where.split(':')[0]}: the token must be printable ASCII without spaces")
+        raise ConfigError(f"{where} must be printable ASCII without spaces")
+    return _long_enough(token, where)
+
+
+def load_reset_token(config: Config, token: str) -> str | None:
+    """The operator's token for ``POST /circuit/<target>/reset`` (``reset_token_file``), or None:
+    then the alert token resets circuits too."""
+    if not config.reset_token_file:
+        return None
+    reset_token = _token_from_file(config.reset_token_file, "reset_token_file")
+    if reset_token == token:
+        raise ConfigError("reset_token_file: holds the same token as token_file; a separate reset token must differ")
+    return reset_token
+
+
+def _token_from_file(path: str, key: str) -> str:
+    token = _long_enough(secret_file(path, key), f"{key}: the token in {path}")
+    if loose_permissions(path):
+        log.warning("%s: %s is readable or writable by others; make it readable by the webhook's user "
+                    "(and group) only, e.g. chmod 0640 or 0440", key, path)
+    return token
+
+
+def _long_enough(token: str, where: str) -> str:
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"{where} is {len(token)} characters; at least {MIN_TOKEN_CHARS} are required "
+                          "(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
     return token
 
 

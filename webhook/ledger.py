@@ -1,14 +1,34 @@
 """The webhook's memory: an append-only, fsync'd JSON-lines ledger, and per-target file locks.
 
-Every decision is a line in ``state_dir/ledger.jsonl``; a restart is written *before* the
-Docker call (so a crash mid-restart still counts against the budget). Cooldowns and budgets
-are computed from the file, never from process memory alone: a restarted webhook, or a
-second replica sharing the state_dir, reads what the others did (``refresh()`` picks up new
-lines from where it stopped). ``TargetLock`` (``fcntl.flock`` on ``locks/<target>.lock``)
-makes decide+restart for one target exclusive across processes.
+Every restart and every decision about a configured target is a line in
+``state_dir/ledger.jsonl``; a restart is written *before* the Docker call, so a crash
+mid-restart still counts against the budget. Cooldowns, budgets and circuits are computed
+from the file, never from process memory alone: a restarted webhook, or a second replica
+sharing the state_dir, reads what the others did (``refresh()`` picks up new lines from
+where it stopped).
+
+What makes it trustworthy:
+
+- **Writes are whole or absent.** Appends hold ``locks/ledger.lock`` (``fcntl.flock``, shared
+  by every replica). Under it, a torn last line (a crash mid-write, a full disk) is cut off
+  before anything is appended, so a new record never fuses with garbage; a short or failed
+  write is undone and raises ``LedgerError``. The policy then fails closed: no restart
+  without its record.
+- **Reading is line by line** and keeps only what the decisions need: per target, the
+  restart attempts that may still count (``keep`` seconds, the budget window), the last
+  restart (cooldown) and the last operator reset (circuit). Decision lines are skipped
+  without being parsed.
+- **It is compacted** once it passes ``rotate_bytes``: under the lock, the records that still
+  matter are written to a new file that atomically replaces ``ledger.jsonl``; the old one is
+  kept as ``ledger.jsonl.1`` (one generation, for people). A replica notices the new file
+  (its inode changed) and re-reads it from the start.
+
+``target_lock`` (``locks/<target>.lock``) makes decide+restart for one target exclusive across
+processes. Files are created 0600, directories 0700: incident records hold container logs.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -17,77 +37,184 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 log = logging.getLogger("hangwatch.webhook")
 
 LEDGER_NAME = "ledger.jsonl"
+ROTATE_BYTES = 16 * 1024 * 1024  # compact past this size (the old file stays as ledger.jsonl.1)
+MAX_LINE = 64 * 1024             # a longer "line" is garbage: skipped, never held in memory
+SKEW_MARGIN = 300.0              # seconds of clock difference between replicas tolerated when pruning
+_DECISION = b'"event": "decision"'  # records are written with sort_keys; a decision is audit only
+
+
+class LedgerError(Exception):
+    """The ledger (or an incident record) could not be read or written: fail closed."""
 
 
 @dataclass
 class TargetHistory:
-    restarts: list[float] = field(default_factory=list)   # wall times of restart attempts
-    reset_at: float = 0.0                                  # last operator circuit reset
+    restarts: list[tuple[float, bytes]] = field(default_factory=list)  # (at, line): attempts that may still count
+    last_restart: float | None = None
+    last_line: bytes = b""                                       # the last restart's line (kept for compaction)
+    reset_at: float = 0.0                                        # last operator circuit reset
+    reset_line: bytes = b""
 
 
 class Ledger:
-    def __init__(self, state_dir: str):
+    def __init__(self, state_dir: str, *, keep: float = 3600.0, rotate_bytes: int = ROTATE_BYTES):
         self.state_dir = state_dir
         self.path = os.path.join(state_dir, LEDGER_NAME)
-        os.makedirs(os.path.join(state_dir, "incidents"), exist_ok=True)
-        os.makedirs(os.path.join(state_dir, "locks"), exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.keep = keep
+        self.rotate_bytes = rotate_bytes
+        for directory in (state_dir, os.path.join(state_dir, "incidents"), os.path.join(state_dir, "locks")):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._lock_path = os.path.join(state_dir, "locks", "ledger.lock")
+        with self._locked():  # never create it while another replica compacts it
+            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        self._mutex = threading.Lock()
+        self._file_id: tuple[int, int] | None = None
         self._offset = 0
         self._history: dict[str, TargetHistory] = {}
-        self._mutex = threading.Lock()
         self.refresh()
+        if self._offset >= self.rotate_bytes:  # e.g. a ledger grown by an older version
+            with self._mutex, self._locked():
+                self._refresh()
+                if self._offset >= self.rotate_bytes:
+                    self._compact_quietly()
 
     def close(self) -> None:
-        with self._mutex:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        """Nothing stays open between calls; kept so the app can say it is done."""
 
+    # -- writing ----------------------------------------------------------------------------
     def append(self, record: dict) -> None:
-        """Write one line durably (flock'd: replicas append to the same file), then re-read."""
-        line = (json.dumps(record, sort_keys=True, ensure_ascii=True) + "\n").encode()
+        """Write one line durably, then re-read; ``LedgerError`` if it could not be written whole."""
+        line = encode(record)
         with self._mutex:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                os.write(self._fd, line)
-                os.fsync(self._fd)
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-        self.refresh()
+                with self._locked():
+                    fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+                    try:
+                        size = _cut_torn_tail(fd, self.path)
+                        try:
+                            _write_all(fd, line)
+                            os.fsync(fd)
+                        except OSError:
+                            _undo(fd, size)
+                            raise
+                    finally:
+                        os.close(fd)
+                    self._refresh()
+                    if self._offset >= self.rotate_bytes:
+                        self._compact_quietly()
+            except OSError as exc:
+                raise LedgerError(f"cannot write {self.path}: {exc.strerror or exc}") from None
 
+    @contextmanager
+    def _locked(self):
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+    def _compact_quietly(self) -> None:
+        try:
+            self._compact()
+        except OSError as exc:  # the record is written; compaction is retried at the next append
+            log.error("ledger: cannot compact %s: %s", self.path, exc.strerror or exc)
+
+    def _compact(self) -> None:
+        """Replace the ledger by the records that still matter (caller holds the lock, just refreshed)."""
+        kept = sorted((at, line) for history in self._history.values() for at, line in _needed(history))
+        marker = encode({"event": "compacted", "at": time.time(), "from_bytes": self._offset,
+                         "previous": LEDGER_NAME + ".1"})
+        temporary = self.path + ".compact"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _write_all(fd, marker + b"".join(line for _, line in kept))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        previous = self.path + ".1"
+        try:
+            os.unlink(previous)
+        except FileNotFoundError:
+            pass
+        try:
+            os.link(self.path, previous)      # the old file stays readable at .1 ...
+        except OSError:                       # no hard links here: a moment without a ledger, which
+            os.rename(self.path, previous)    # a reader takes as unreadable (no restart), not as empty
+        os.replace(temporary, self.path)      # ... while the path switches atomically
+        _fsync_dir(self.state_dir)
+        log.info("ledger: compacted %s (%d bytes) to %d records; the old file is %s",
+                 self.path, self._offset, len(kept), previous)
+        self._refresh()
+
+    # -- reading ----------------------------------------------------------------------------
     def refresh(self) -> None:
         """Apply the lines appended since the last read (ours and other replicas')."""
         with self._mutex:
-            with open(self.path, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-            end = data.rfind(b"\n") + 1  # a line being written by another replica waits
-            for raw in data[:end].splitlines():
+            try:
+                self._refresh()
+            except OSError as exc:
+                raise LedgerError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+
+    def _refresh(self) -> None:
+        with open(self.path, "rb") as handle:
+            status = os.fstat(handle.fileno())
+            file_id = (status.st_dev, status.st_ino)
+            if file_id != self._file_id or status.st_size < self._offset:
+                # compacted (by us or another replica) or replaced: its first lines hold everything
+                self._file_id, self._offset, self._history = file_id, 0, {}
+            handle.seek(self._offset)
+            while True:
+                raw = handle.readline(MAX_LINE)
+                if not raw.endswith(b"\n"):
+                    if len(raw) < MAX_LINE:
+                        break  # end of file, or a line still being written (or torn): wait for it
+                    rest = _skip_line(handle)
+                    if rest is None:
+                        break  # not even ended yet
+                    self._offset += len(raw) + rest
+                    log.warning("ledger: skipping an over-long line in %s", self.path)
+                    continue
+                self._offset += len(raw)
                 self._apply(raw)
-            self._offset += end
 
     def _apply(self, raw: bytes) -> None:
+        if _DECISION in raw or not raw.strip():
+            return
         try:
             record = json.loads(raw)
             event, target, at = record["event"], record["target"], float(record["at"])
         except (ValueError, KeyError, TypeError):
-            if raw.strip():
+            if b'"event": "compacted"' not in raw:
                 log.warning("ledger: ignoring an unreadable line in %s", self.path)
             return
+        if not isinstance(target, str):
+            return
+        history = self._history.setdefault(target, TargetHistory())
         if event == "restart" and not record.get("dry_run"):
-            self._history.setdefault(target, TargetHistory()).restarts.append(at)
-        elif event == "circuit_reset":
-            history = self._history.setdefault(target, TargetHistory())
-            history.reset_at = max(history.reset_at, at)
+            if history.last_restart is None or at >= history.last_restart:
+                history.last_restart, history.last_line = at, raw
+            horizon = history.last_restart - self.keep - SKEW_MARGIN
+            history.restarts = [(t, line) for t, line in history.restarts if t > horizon]
+            if at > horizon:
+                history.restarts.append((at, raw))
+        elif event == "circuit_reset" and at >= history.reset_at:
+            history.reset_at, history.reset_line = at, raw
 
     def last_restart(self, target: str) -> float | None:
         with self._mutex:
             history = self._history.get(target)
-            return max(history.restarts) if history and history.restarts else None
+            return history.last_restart if history else None
+
+    def reset_at(self, target: str) -> float:
+        with self._mutex:
+            history = self._history.get(target)
+            return history.reset_at if history else 0.0
 
     def restarts_counted(self, target: str, now: float, window: float) -> list[float]:
         """Restart attempts that count against the budget: in the window, after any reset."""
@@ -96,12 +223,85 @@ class Ledger:
             if not history:
                 return []
             since = max(now - window, history.reset_at)
-            return [at for at in history.restarts if at > since]
+            return sorted(at for at, _ in history.restarts if at > since)
+
+
+def encode(record: dict) -> bytes:
+    return (json.dumps(record, sort_keys=True, ensure_ascii=True) + "\n").encode()
+
+
+def _needed(history: TargetHistory):
+    yield from history.restarts
+    if history.last_line and all(line != history.last_line for _, line in history.restarts):
+        yield history.last_restart, history.last_line
+    if history.reset_line:
+        yield history.reset_at, history.reset_line
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written (a full disk writes short, then fails)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "write wrote nothing")
+        view = view[written:]
+
+
+def _undo(fd: int, size: int) -> None:
+    """Cut what a failed write left after ``size`` (a partial line would fuse with the next)."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError as exc:  # the next append cuts the torn tail instead
+        log.error("ledger: cannot undo a partial write: %s", exc.strerror or exc)
+
+
+def _cut_torn_tail(fd: int, path: str) -> int:
+    """If the file does not end with a newline, cut it back to its last one; returns the size."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        chunk = os.pread(fd, end - start, start)
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            end = start + newline + 1
+            break
+        end = start
+    os.ftruncate(fd, end)
+    os.fsync(fd)
+    log.warning("ledger: cut a torn last line (%d bytes: a crash or a full disk mid-write) from %s",
+                size - end, path)
+    return end
+
+
+def _skip_line(handle) -> int | None:
+    """Read past the rest of an over-long line; the bytes skipped, or None if it has no end yet."""
+    skipped = 0
+    while True:
+        chunk = handle.readline(MAX_LINE)
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            return skipped
+        if len(chunk) < MAX_LINE:
+            return None
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
-def target_lock(state_dir: str, target: str, *, deadline: float, poll: float = 0.05):
-    """Hold ``locks/<target>.lock`` exclusively (across processes); TimeoutError after ``deadline`` s."""
+def target_lock(state_dir: str, target: str, *, deadline: float, poll: float = 0.05,
+                cancelled: Callable[[], bool] = lambda: False):
+    """Hold ``locks/<target>.lock`` exclusively (across processes); TimeoutError after ``deadline`` s
+    (or as soon as ``cancelled()`` says so: the webhook is stopping)."""
     path = os.path.join(state_dir, "locks", f"{target}.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -111,6 +311,8 @@ def target_lock(state_dir: str, target: str, *, deadline: float, poll: float = 0
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if cancelled():
+                    raise TimeoutError(f"stopping while {path} was held elsewhere") from None
                 if time.monotonic() >= give_up:
                     raise TimeoutError(f"lock {path} held elsewhere for {deadline:g}s") from None
                 time.sleep(poll)
@@ -120,19 +322,25 @@ def target_lock(state_dir: str, target: str, *, deadline: float, poll: float = 0
 
 
 def write_incident(state_dir: str, name: str, record: dict) -> str:
-    """Write ``incidents/<name>.json`` atomically and durably; returns its path."""
+    """Write ``incidents/<name>.json`` (0600) atomically and durably; returns its path.
+    ``LedgerError`` if it cannot be written whole (nothing half-written is left behind)."""
     directory = os.path.join(state_dir, "incidents")
     path = os.path.join(directory, f"{name}.json")
-    temporary = path + ".tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(record, handle, indent=2, sort_keys=True, default=str)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    fd = os.open(directory, os.O_RDONLY)
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    data = (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode()
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+        _fsync_dir(directory)
+    except OSError as exc:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise LedgerError(f"cannot write incident record {path}: {exc.strerror or exc}") from None
     return path

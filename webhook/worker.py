@@ -35,7 +35,7 @@ class Worker:
     def _work(self, key: str, job) -> None:
         try:
             self._run(job)
-        except Exception:  # the decider records its own errors; this is the last net
+        except Exception:  # the policy records its own errors; this is the last net
             log.exception("job for %s failed", key)
         finally:
             with self._changed:

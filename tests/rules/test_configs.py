@@ -52,13 +52,16 @@ def test_example_alertmanager_config_passes_amtool_check_config():
 
 
 @pytest.mark.parametrize("labels, receiver", [
+    # The restart alert reaches the webhook and people: a person always hears of a hang.
     (["alertname=HangwatchBackendHung", "action=restart", "severity=critical", "target=vllm-a",
-      "container=vllm-a"], "hangwatch-webhook"),
+      "container=vllm-a"], "hangwatch-webhook,people"),
+    (["alertname=HangwatchWebhookCircuitOpen", "severity=critical", "target=vllm-a"], "people"),
+    (["alertname=HangwatchExporterDown", "severity=warning", "job=hangwatch_webhook"], "people"),
     (["alertname=HangwatchBackendDown", "severity=warning", "target=vllm-a"], "people"),
     (["alertname=HangwatchBackendRestarted", "severity=info", "target=vllm-a"], "people"),
     (["alertname=SomethingElse", "severity=critical"], "people"),
 ])
-def test_alertmanager_routes_only_restart_alerts_to_the_webhook(labels, receiver):
+def test_alertmanager_routes_only_restart_alerts_to_the_webhook_and_every_alert_to_people(labels, receiver):
     result = _run(require_binary("amtool"), "config", "routes", "test",
                   f"--config.file={EXAMPLES / 'alertmanager.yml'}", *labels)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -156,10 +159,10 @@ def test_wall_clock_durations_stay_and_scrape_durations_scale():
 
 
 def test_jobs_and_runbook_are_the_users(tmp_path):
-    assert main(["rules", "--job", "llm-probe", "--exporter-job", "llm-exporter", "--runbook-url",
-                 "https://wiki.example.com/hw", "--out", str(tmp_path)]) == 0
+    assert main(["rules", "--job", "llm-probe", "--exporter-job", "llm-exporter", "--webhook-job", "llm-restarter",
+                 "--runbook-url", "https://wiki.example.com/hw", "--out", str(tmp_path)]) == 0
     text = "".join(p.read_text() for p in tmp_path.glob("*.yml"))
-    assert 'up{job=~"llm-probe"}' in text and 'up{job=~"llm-probe|llm-exporter"}' in text
+    assert 'up{job=~"llm-probe"}' in text and 'up{job=~"llm-probe|llm-exporter|llm-restarter"}' in text
     assert 'job=~"hangwatch' not in text and "github.com" not in text
     assert "runbook_url: https://wiki.example.com/hw#hangwatchbackendhung" in text
     dash = tmp_path / "dash"

@@ -4,7 +4,7 @@ from hangwatch.webhook.app import create_app
 from hangwatch.webhook.config import parse_config
 
 from .real_parts import backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
-from .fakes import TOKEN, FakeClock, FakeDocker, FakeRechecker, alert, iso
+from .fakes import TOKEN, FakeClock, FakeRechecker, FakeRestarter, alert, iso
 
 
 def make_config(state_dir, **overrides):
@@ -25,14 +25,14 @@ def make_config(state_dir, **overrides):
 class Harness:
     """One app with fakes; ``post`` sends an authorized payload; ``settle`` waits for the worker."""
 
-    def __init__(self, state_dir, clock=None, docker=None, rechecker=None, **config):
+    def __init__(self, state_dir, clock=None, restarter=None, rechecker=None, reset_token=None, **config):
         self.state_dir = state_dir
         self.clock = clock or FakeClock()
-        self.docker = docker or FakeDocker(self.clock)
+        self.restarter = restarter or FakeRestarter(self.clock)
         self.rechecker = rechecker or FakeRechecker()
         self.config = make_config(state_dir, **config)
-        self.app = create_app(self.config, token=TOKEN, docker_client=self.docker, clock=self.clock,
-                              rechecker=self.rechecker)
+        self.app = create_app(self.config, token=TOKEN, reset_token=reset_token, restarter=self.restarter,
+                              clock=self.clock, rechecker=self.rechecker)
         self.state = self.app.extensions["hangwatch"]
         self.client = self.app.test_client()
 

@@ -4,14 +4,19 @@ Its mode is read from a file at every request, so a test can flip it while the c
 runs: ``hung`` (one request running, counters frozen), ``busy`` (one running, counters
 moving), ``idle`` (nothing running; the 1-token probe answers). ``process_start_time_seconds``
 is this process's start, so a container restart shows as a new process.
-Usage: python3 fake_backend.py PORT MODE_FILE
+``--ignore-sigterm``: a server that does not stop on SIGTERM, so ``docker restart`` waits its
+whole stop timeout before SIGKILL (a slow restart, to stop the webhook in the middle of).
+Usage: python3 fake_backend.py PORT MODE_FILE [--ignore-sigterm]
 """
 import http.server
 import json
+import signal
 import sys
 import time
 
 PORT, MODE_FILE = int(sys.argv[1]), sys.argv[2]
+if "--ignore-sigterm" in sys.argv[3:]:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 STARTED = time.time()
 PAGE = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{{engine="0",model_name="tiny"}} {running}

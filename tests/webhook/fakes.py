@@ -1,4 +1,4 @@
-"""Fakes for the webhook's collaborators: a Docker client that records calls, a clock, a re-checker.
+"""Fakes for the webhook's collaborators: a restarter that records calls, a clock, a re-checker.
 
 The re-checker returns the verdict core's own types (``CheckResult``, ``Verdict``,
 ``Observation``, ``Reading``), so the webhook is exercised against what ``check()`` returns.
@@ -9,15 +9,13 @@ import threading
 import time
 from datetime import datetime, timezone
 
-import requests
-from docker.errors import NotFound
-
 from hangwatch.check import CheckResult
 from hangwatch.observe import Observation
 from hangwatch.reading import Reading
 from hangwatch.verdict import Verdict
+from hangwatch.webhook.restarter import Container, ContainerNotFound, EngineError, container_from_inspect
 
-TOKEN = "s3cret-token-for-tests-0123456789"
+TOKEN = "s3cret-token-for-tests-0123456789"  # 33 characters: the webhook wants at least 32
 
 
 def iso(seconds: float) -> str:
@@ -41,54 +39,61 @@ class FakeClock:
 
 
 class FakeContainer:
-    def __init__(self, docker: "FakeDocker", name: str, started: float):
-        self.docker = docker
+    """One container as the Engine's inspect answer describes it (``attrs``, mutable by tests)."""
+
+    def __init__(self, engine: "FakeRestarter", name: str, started: float):
+        self.engine = engine
         self.name = name
         self.id = f"{abs(hash(name)):064x}"[:64]
-        self.attrs = {"State": {"Status": "running", "Running": True, "Restarting": False, "Paused": False,
+        self.attrs = {"Id": self.id, "Name": "/" + name,
+                      "State": {"Status": "running", "Running": True, "Restarting": False, "Paused": False,
                                 "StartedAt": iso(started)}}
 
-    def restart(self, timeout=None):
-        with self.docker.lock:
-            self.docker.restarts.append((self.name, timeout))
-            self.attrs["State"]["StartedAt"] = iso(self.docker.clock() + 0.001)
-
-    def logs(self, tail=None, timestamps=False):
-        return "".join(f"line {i} of {self.name}\n" for i in range(150)).encode()
+    @property
+    def state(self) -> dict:
+        return self.attrs["State"]
 
 
-class _Containers:
-    def __init__(self, docker: "FakeDocker"):
-        self.docker = docker
-
-    def get(self, name):
-        docker = self.docker
-        with docker.lock:
-            docker.gets.append(name)
-        if docker.delay:
-            time.sleep(docker.delay)
-        if docker.down:
-            raise requests.exceptions.ConnectionError("Connection aborted: FileNotFoundError(2)")
-        with docker.lock:
-            container = docker.by_name.get(name)
-        if container is None:
-            raise NotFound(f"No such container: {name}")
-        return container
-
-
-class FakeDocker:
-    """Records every lookup (``gets``) and every restart (``restarts``)."""
+class FakeRestarter:
+    """A ``Restarter`` over fake containers; records every lookup (``gets``) and restart (``restarts``).
+    ``down`` makes the engine unreachable, ``delay`` slow; ``restart_gate`` holds a restart until set."""
 
     def __init__(self, clock, names=("vllm-a", "vllm-b"), started: float | None = None):
         self.clock = clock
         self.lock = threading.Lock()
         self.gets: list[str] = []
-        self.restarts: list[tuple[str, int]] = []
+        self.restarts: list[tuple[str, float]] = []
         self.down = False
         self.delay = 0.0
+        self.restart_gate: threading.Event | None = None
+        self.restart_started = threading.Event()
         start = clock() - 3600 if started is None else started
         self.by_name = {name: FakeContainer(self, name, start) for name in names}
-        self.containers = _Containers(self)
+
+    def find(self, name: str) -> Container:
+        with self.lock:
+            self.gets.append(name)
+        if self.delay:
+            time.sleep(self.delay)
+        if self.down:
+            raise EngineError("ConnectionError: Connection aborted: FileNotFoundError(2)")
+        with self.lock:
+            container = self.by_name.get(name)
+            if container is None:
+                raise ContainerNotFound(name)
+            return container_from_inspect(container.attrs)
+
+    def restart(self, container: Container, stop_timeout: float) -> None:
+        self.restart_started.set()
+        if self.restart_gate is not None:
+            assert self.restart_gate.wait(10), "test never released the restart"
+        with self.lock:
+            fake = next(c for c in self.by_name.values() if c.id == container.id)
+            self.restarts.append((fake.name, stop_timeout))
+            fake.state["StartedAt"] = iso(self.clock() + 0.001)
+
+    def log_tail(self, container: Container, lines: int) -> list[str]:
+        return [f"line {i} of {container.name}" for i in range(150)][-lines:]
 
 
 def result(state: str = "hung", reason: str | None = None, running: float = 1) -> CheckResult:

@@ -30,6 +30,7 @@ from tests.support.require import require, require_binary
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).resolve().parent
 IMAGE = "hangwatch-webhook-test:latest"
+REAL_TOKEN = "real-test-token-0123456789-0123456789"
 HOST_PYTHON = "/usr/bin/python3"
 
 
@@ -115,7 +116,7 @@ def backend_image(docker_client):
 class Backend:
     """One fake-vLLM container; ``mode`` flips hung/busy/idle; ``restarts()`` counts Docker's restart events."""
 
-    def __init__(self, client, image, directory: pathlib.Path):
+    def __init__(self, client, image, directory: pathlib.Path, ignore_sigterm: bool = False):
         self.client = client
         self.name = f"hw-test-{uuid.uuid4().hex[:8]}"
         self.port = free_port()
@@ -125,7 +126,8 @@ class Backend:
         self.set_mode("hung")
         self.created = int(time.time()) - 1
         self.container = client.containers.run(
-            image, [HOST_PYTHON, "/app/fake_backend.py", str(self.port), "/mode/mode"], name=self.name,
+            image, [HOST_PYTHON, "/app/fake_backend.py", str(self.port), "/mode/mode",
+                    *(["--ignore-sigterm"] if ignore_sigterm else [])], name=self.name,
             detach=True, init=True, network_mode="host",
             volumes={"/usr": {"bind": "/usr", "mode": "ro"}, str(HERE): {"bind": "/app", "mode": "ro"},
                      str(self.mode_dir): {"bind": "/mode", "mode": "ro"}})
@@ -157,8 +159,8 @@ class Backend:
 def backend(docker_client, backend_image, tmp_path):
     made = []
 
-    def make(mode: str = "hung") -> Backend:
-        made.append(Backend(docker_client, backend_image, tmp_path / "backends"))
+    def make(mode: str = "hung", ignore_sigterm: bool = False) -> Backend:
+        made.append(Backend(docker_client, backend_image, tmp_path / "backends", ignore_sigterm))
         made[-1].set_mode(mode)
         return made[-1]
 
@@ -168,14 +170,16 @@ def backend(docker_client, backend_image, tmp_path):
 
 
 def webhook_config(tmp_path: pathlib.Path, backends, *, state_dir=None, cooldown="15m", restarts=3,
-                   interval="300ms") -> pathlib.Path:
+                   interval="300ms", stop_timeout="5s", containers=None) -> pathlib.Path:
     token = tmp_path / "token"
-    token.write_text("real-test-token-0123456789\n")
+    token.write_text(REAL_TOKEN + "\n")
+    token.chmod(0o600)
     config = {
         "token_file": str(token), "state_dir": str(state_dir or tmp_path / "state"),
         "recheck": {"interval": interval, "timeout": "1s"}, "cooldown": cooldown,
         "budget": {"restarts": restarts, "window": "1h"},
-        "targets": [{"name": b.name, "container": b.name, "url": b.url, "stop_timeout": "5s"} for b in backends],
+        "targets": [{"name": b.name, "container": (containers or {}).get(b.name, b.name), "url": b.url,
+                     "stop_timeout": stop_timeout} for b in backends],
     }
     path = tmp_path / "webhook.yml"
     path.write_text(json.dumps(config))  # JSON is YAML

@@ -1,4 +1,5 @@
 """The config: the example loads; every mistake is refused with its path, before anything binds."""
+import logging
 import os
 import pathlib
 import socket
@@ -8,7 +9,7 @@ import sys
 import pytest
 
 from hangwatch.settings import duration as parse_duration
-from hangwatch.webhook.config import ConfigError, load_config, load_token, parse_config
+from hangwatch.webhook.config import ConfigError, load_config, load_reset_token, load_token, parse_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOOD_TARGET = "  - {name: vllm-a, container: vllm-a, url: 'http://127.0.0.1:8000'}\n"
@@ -91,19 +92,79 @@ def test_bad_config_names_the_key(name, tmp_path):
     assert message in str(caught.value)
 
 
+LONG = "t" * 31 + "-long-enough"
+ONE_TARGET = {"targets": [{"name": "a", "container": "a", "url": "http://h:1"}]}
+
+
 def test_token_from_file_then_env(tmp_path):
     token_file = tmp_path / "token"
-    token_file.write_text("abc123\n")
-    config = parse_config({"token_file": str(token_file), "targets": [{"name": "a", "container": "a", "url": "http://h:1"}]})
-    assert load_token(config, env={"HANGWATCH_WEBHOOK_TOKEN": "other"}) == "abc123"
-    config = parse_config({"targets": [{"name": "a", "container": "a", "url": "http://h:1"}]})
-    assert load_token(config, env={"HANGWATCH_WEBHOOK_TOKEN": "fromenv"}) == "fromenv"
+    token_file.write_text(LONG + "\n")
+    config = parse_config({"token_file": str(token_file), **ONE_TARGET})
+    assert load_token(config, env={"HANGWATCH_WEBHOOK_TOKEN": "other" * 10}) == LONG
+    config = parse_config(ONE_TARGET)
+    assert load_token(config, env={"HANGWATCH_WEBHOOK_TOKEN": LONG + "-env"}) == LONG + "-env"
     with pytest.raises(ConfigError, match=r"\$HANGWATCH_WEBHOOK_TOKEN is empty"):
         load_token(config, env={})
     token_file.write_text("\n")
-    config = parse_config({"token_file": str(token_file), "targets": [{"name": "a", "container": "a", "url": "http://h:1"}]})
-    with pytest.raises(ConfigError, match="token_file: the file is empty"):
+    config = parse_config({"token_file": str(token_file), **ONE_TARGET})
+    with pytest.raises(ConfigError, match=f"token_file: {token_file} is empty"):
         load_token(config, env={})
+
+
+@pytest.mark.parametrize("source", ["file", "env"])
+def test_a_token_shorter_than_32_characters_is_refused(tmp_path, source):
+    short = "x" * 31
+    token_file = tmp_path / "token"
+    token_file.write_text(short)
+    raw = {"token_file": str(token_file), **ONE_TARGET} if source == "file" else ONE_TARGET
+    with pytest.raises(ConfigError, match="is 31 characters; at least 32 are required") as caught:
+        load_token(parse_config(raw), env={"HANGWATCH_WEBHOOK_TOKEN": short})
+    assert short not in str(caught.value)  # the secret is never shown
+    token_file.write_text("x" * 32)
+    assert load_token(parse_config(raw), env={"HANGWATCH_WEBHOOK_TOKEN": "x" * 32}) == "x" * 32
+
+
+@pytest.mark.parametrize("mode, warned", [(0o600, False), (0o640, False), (0o440, False), (0o644, True), (0o606, True),
+                                          (0o602, True)])
+def test_a_token_file_others_may_read_or_write_is_warned_about(tmp_path, caplog, mode, warned):
+    token_file = tmp_path / "token"
+    token_file.write_text(LONG)
+    token_file.chmod(mode)
+    load_token(parse_config({"token_file": str(token_file), **ONE_TARGET}))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert bool(warnings) == warned, warnings
+    assert all("readable or writable by others" in w and LONG not in w for w in warnings)
+
+
+def test_a_separate_reset_token(tmp_path):
+    token_file, reset_file = tmp_path / "token", tmp_path / "reset"
+    token_file.write_text(LONG)
+    reset_file.write_text(LONG + "-reset")
+    config = parse_config({"token_file": str(token_file), "reset_token_file": str(reset_file), **ONE_TARGET})
+    assert config.reset_token_file == str(reset_file)
+    assert load_reset_token(config, load_token(config)) == LONG + "-reset"
+    assert load_reset_token(parse_config({"token_file": str(token_file), **ONE_TARGET}), LONG) is None
+    reset_file.write_text(LONG)
+    with pytest.raises(ConfigError, match="reset_token_file: holds the same token as token_file"):
+        load_reset_token(config, LONG)
+    reset_file.write_text("short")
+    with pytest.raises(ConfigError, match="reset_token_file: the token in .* is 5 characters"):
+        load_reset_token(config, LONG)
+    reset_file.unlink()
+    with pytest.raises(ConfigError, match="reset_token_file: cannot read"):
+        load_reset_token(config, LONG)
+
+
+def test_a_short_token_stops_the_webhook_before_it_binds(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("guessable")
+    path = tmp_path / "webhook.yml"
+    path.write_text(f"token_file: {token_file}\nstate_dir: {tmp_path / 'state'}\ntargets:\n" + GOOD_TARGET)
+    done = subprocess.run([sys.executable, "-m", "hangwatch", "webhook", "--config", str(path), "--listen",
+                           "127.0.0.1:0"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 64
+    assert "token_file: the token in" in done.stderr and "is 9 characters; at least 32" in done.stderr
+    assert "guessable" not in done.stderr
 
 
 def test_bad_config_exits_non_zero_naming_the_key_before_binding(tmp_path):
@@ -113,7 +174,7 @@ def test_bad_config_exits_non_zero_naming_the_key_before_binding(tmp_path):
     port = holder.getsockname()[1]  # if main bound before checking, it would say "cannot listen"
     path = tmp_path / "webhook.yml"
     path.write_text("targets:\n" + GOOD_TARGET + "  - {name: b, contanier: b, url: 'http://127.0.0.1:1'}\n")
-    env = dict(os.environ, HANGWATCH_WEBHOOK_TOKEN="t0ken")
+    env = dict(os.environ, HANGWATCH_WEBHOOK_TOKEN="t0ken" * 8)
     done = subprocess.run([sys.executable, "-m", "hangwatch", "webhook", "--config", str(path),
                            "--listen", f"127.0.0.1:{port}"], capture_output=True, text=True, env=env, timeout=30)
     holder.close()

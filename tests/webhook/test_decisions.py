@@ -11,6 +11,13 @@ def reasons(h):
     return [(d["action"], d["reason"]) for d in h.decisions()]
 
 
+def counted(h, reason, action="skip"):
+    """hangwatch_webhook_decisions_total for one reason, from /metrics."""
+    prefix = f'hangwatch_webhook_decisions_total{{action="{action}",reason="{reason}"}} '
+    line = next(line for line in h.client.get("/metrics").text.splitlines() if line.startswith(prefix))
+    return float(line[len(prefix):])
+
+
 def test_hung_backend_is_restarted_once_with_incident_record(harness, caplog):
     caplog.set_level(logging.INFO, logger="hangwatch.webhook")
     h = harness()
@@ -18,7 +25,7 @@ def test_hung_backend_is_restarted_once_with_incident_record(harness, caplog):
     assert response.status_code == 200
     assert response.get_json()["queued"] == ["vllm-a"]
     h.settle()
-    assert h.docker.restarts == [("vllm-a", 30)]
+    assert h.restarter.restarts == [("vllm-a", 30)]
     assert reasons(h) == [("restart", "hung")]
     assert h.rechecker.calls == [{"url": "http://127.0.0.1:18000", "module": "backend", "interval": 1.0, "timeout": 1.0,
                                 "api_key": None, "probe": "auto"}]
@@ -41,7 +48,7 @@ def test_resent_alert_after_the_restart_is_skipped_as_already_restarted(harness)
     h.clock.advance(1)
     assert h.post(body).status_code == 200  # Alertmanager re-sends the same alert
     h.settle()
-    assert len(h.docker.restarts) == 1
+    assert len(h.restarter.restarts) == 1
     assert reasons(h) == [("restart", "hung"), ("skip", "already_restarted")]
     assert len(h.rechecker.calls) == 1  # no re-check needed to refuse
 
@@ -54,7 +61,7 @@ def test_duplicate_alerts_while_a_job_runs_are_coalesced(harness):
     assert first.get_json()["queued"] == ["vllm-a"] and second.get_json()["queued"] == []
     h.rechecker.gate.set()
     h.settle()
-    assert len(h.docker.restarts) == 1
+    assert len(h.restarter.restarts) == 1
     assert sorted(reasons(h)) == [("restart", "hung"), ("skip", "duplicate"), ("skip", "duplicate")]
 
 
@@ -67,14 +74,14 @@ def test_answers_within_one_second_while_the_recheck_runs(harness):
     assert h.state.worker.in_progress() == 2  # two targets re-checked side by side
     h.rechecker.gate.set()
     h.settle()
-    assert sorted(name for name, _ in h.docker.restarts) == ["vllm-a", "vllm-b"]
+    assert sorted(name for name, _ in h.restarter.restarts) == ["vllm-a", "vllm-b"]
 
 
 def test_backend_busy_again_by_recheck_time_is_not_restarted(harness):
     h = harness(rechecker=FakeRechecker("busy"))
     assert h.post(payload(h.alert())).status_code == 200
     h.settle()
-    assert h.docker.restarts == []
+    assert h.restarter.restarts == []
     assert reasons(h) == [("skip", "recheck_busy")]
 
 
@@ -83,29 +90,33 @@ def test_every_verdict_but_hung_skips(harness, tmp_path):
         h = harness(rechecker=FakeRechecker(state), state_dir=tmp_path / state)
         h.post(payload(h.alert()))
         h.settle()
-        assert h.docker.restarts == [] and reasons(h) == [("skip", f"recheck_{state}")]
+        assert h.restarter.restarts == [] and reasons(h) == [("skip", f"recheck_{state}")]
 
 
 def test_recheck_that_raises_skips(harness):
     h = harness(rechecker=FakeRechecker(ValueError("unknown module 'fastchat_worker'")))
     h.post(payload(h.alert()))
     h.settle()
-    assert h.docker.restarts == [] and reasons(h) == [("skip", "recheck_error")]
+    assert h.restarter.restarts == [] and reasons(h) == [("skip", "recheck_error")]
 
 
-def test_resolved_alert_is_skipped_without_docker(harness):
+def test_resolved_alert_is_skipped_without_docker_and_only_counted(harness, caplog):
+    caplog.set_level(logging.INFO, logger="hangwatch.webhook")
     h = harness()
-    assert h.post(payload(h.alert(status="resolved"))).status_code == 200
+    for _ in range(3):  # Alertmanager sends a resolved alert at every group interval
+        assert h.post(payload(h.alert(status="resolved"))).status_code == 200
     h.settle()
-    assert h.docker.gets == [] and h.docker.restarts == []
-    assert reasons(h) == [("skip", "resolved")]
+    assert h.restarter.gets == [] and h.restarter.restarts == []
+    assert counted(h, "resolved") == 3
+    assert sum("action=skip reason=resolved" in r.getMessage() for r in caplog.records) == 3
+    assert (h.state_dir / "ledger.jsonl").read_bytes() == b"", "an ignored alert is no ledger line"
 
 
 def test_unconfigured_alertname_is_skipped(harness):
     h = harness()
     h.post(payload(h.alert(alertname="HangwatchBackendSlow")))
     h.settle()
-    assert h.docker.gets == [] and reasons(h) == [("skip", "alertname_ignored")]
+    assert h.restarter.gets == [] and counted(h, "alertname_ignored") == 1 and reasons(h) == []
 
 
 def test_unknown_target_and_foreign_container_never_reach_docker(harness):
@@ -116,16 +127,15 @@ def test_unknown_target_and_foreign_container_never_reach_docker(harness):
                    h.alert(target=None))
     assert h.post(body).status_code == 200
     h.settle()
-    assert h.docker.gets == [] and h.docker.restarts == []
-    assert reasons(h) == [("skip", "unknown_target"), ("skip", "container_mismatch"),
-                          ("skip", "container_label_missing"), ("skip", "unknown_target")]
-    counted = h.client.get("/metrics").text
-    assert 'hangwatch_webhook_decisions_total{action="skip",reason="unknown_target"} 2.0' in counted
+    assert h.restarter.gets == [] and h.restarter.restarts == []
+    assert (counted(h, "unknown_target"), counted(h, "container_mismatch"), counted(h, "container_label_missing")) == (
+        2, 1, 1)
+    assert reasons(h) == []  # ignored: logged and counted, no ledger line
 
 
 def test_configured_container_missing_in_docker_is_200_and_logged(harness):
     h = harness()
-    del h.docker.by_name["vllm-a"]
+    del h.restarter.by_name["vllm-a"]
     response = h.post(payload(h.alert()))
     assert response.status_code == 200 and response.get_json()["queued"] == []
     h.settle()
@@ -134,7 +144,7 @@ def test_configured_container_missing_in_docker_is_200_and_logged(harness):
 
 def test_docker_unreachable_is_503_so_alertmanager_retries(harness):
     h = harness()
-    h.docker.down = True
+    h.restarter.down = True
     response = h.post(payload(h.alert()))
     assert response.status_code == 503
     assert reasons(h) == [("skip", "docker_unreachable")] and h.rechecker.calls == []
@@ -142,7 +152,7 @@ def test_docker_unreachable_is_503_so_alertmanager_retries(harness):
 
 def test_docker_too_slow_is_503_within_a_second(harness):
     h = harness()
-    h.docker.delay = 3.0
+    h.restarter.delay = 3.0
     started = time.monotonic()
     assert h.post(payload(h.alert())).status_code == 503
     assert time.monotonic() - started < 1.2
@@ -150,11 +160,11 @@ def test_docker_too_slow_is_503_within_a_second(harness):
 
 def test_container_restarting_or_stopped_is_skipped(harness):
     h = harness()
-    h.docker.by_name["vllm-a"].attrs["State"].update(Status="restarting", Restarting=True)
-    h.docker.by_name["vllm-b"].attrs["State"].update(Status="exited", Running=False)
+    h.restarter.by_name["vllm-a"].attrs["State"].update(Status="restarting", Restarting=True)
+    h.restarter.by_name["vllm-b"].attrs["State"].update(Status="exited", Running=False)
     h.post(payload(h.alert(), h.alert(target="vllm-b", container="vllm-b")))
     h.settle()
-    assert h.docker.restarts == [] and h.rechecker.calls == []
+    assert h.restarter.restarts == [] and h.rechecker.calls == []
     assert reasons(h) == [("skip", "not_running"), ("skip", "not_running")]
 
 
@@ -165,11 +175,11 @@ def test_cooldown_blocks_a_second_restart_until_it_passes(harness):
     h.clock.advance(600)  # hung again 10 minutes later: a new alert, after the restart
     h.post(payload(h.alert()))
     h.settle()
-    assert len(h.docker.restarts) == 1 and reasons(h)[-1] == ("skip", "cooldown")
+    assert len(h.restarter.restarts) == 1 and reasons(h)[-1] == ("skip", "cooldown")
     h.clock.advance(301)  # 15m after the restart
     h.post(payload(h.alert()))
     h.settle()
-    assert len(h.docker.restarts) == 2 and reasons(h)[-1] == ("restart", "hung")
+    assert len(h.restarter.restarts) == 2 and reasons(h)[-1] == ("restart", "hung")
 
 
 def test_budget_spent_opens_the_circuit_until_reset(harness, caplog):
@@ -178,7 +188,7 @@ def test_budget_spent_opens_the_circuit_until_reset(harness, caplog):
         h.clock.advance(120)
         h.post(payload(h.alert()))
         h.settle()
-    assert len(h.docker.restarts) == 2
+    assert len(h.restarter.restarts) == 2
     assert [r for _, r in reasons(h)] == ["hung", "hung", "circuit_open", "circuit_open"]
     assert any(r.levelno == logging.ERROR and r.getMessage().startswith("CIRCUIT OPEN target=vllm-a")
                for r in caplog.records)
@@ -192,7 +202,7 @@ def test_budget_spent_opens_the_circuit_until_reset(harness, caplog):
     h.clock.advance(120)
     h.post(payload(h.alert()))
     h.settle()
-    assert len(h.docker.restarts) == 3
+    assert len(h.restarter.restarts) == 3
 
 
 def test_circuit_closes_by_itself_when_the_window_passes(harness):
@@ -207,7 +217,7 @@ def test_circuit_closes_by_itself_when_the_window_passes(harness):
     assert 'hangwatch_webhook_circuit_open{target="vllm-a"} 0.0' in h.client.get("/metrics").text
     h.post(payload(h.alert()))
     h.settle()
-    assert len(h.docker.restarts) == 2
+    assert len(h.restarter.restarts) == 2
 
 
 def test_restarted_webhook_restores_cooldown_and_budget_from_the_ledger(harness, tmp_path):
@@ -216,17 +226,17 @@ def test_restarted_webhook_restores_cooldown_and_budget_from_the_ledger(harness,
     first.settle()
     first.close()
     first.clock.advance(120)
-    second = harness(clock=first.clock, docker=first.docker)  # same state_dir, a new process
+    second = harness(clock=first.clock, restarter=first.restarter)  # same state_dir, a new process
     second.post(payload(second.alert()))
     second.settle()
-    assert len(first.docker.restarts) == 1
+    assert len(first.restarter.restarts) == 1
     assert reasons(second)[-1] == ("skip", "cooldown")
 
 
 def test_two_replicas_sharing_state_dir_restart_once(harness):
     gate = threading.Event()
     one = harness()
-    two = harness(clock=one.clock, docker=one.docker)  # same state_dir, same engine
+    two = harness(clock=one.clock, restarter=one.restarter)  # same state_dir, same engine
     for h in (one, two):
         h.rechecker.gate = gate
     body = payload(one.alert())
@@ -234,7 +244,7 @@ def test_two_replicas_sharing_state_dir_restart_once(harness):
     gate.set()  # both re-checks say hung at the same moment; both race for the lock
     one.settle()
     two.settle()
-    assert len(one.docker.restarts) == 1
+    assert len(one.restarter.restarts) == 1
     assert sorted(reasons(one)) == [("restart", "hung"), ("skip", "already_restarted")]
 
 
@@ -243,7 +253,7 @@ def test_dry_run_logs_the_restart_and_touches_nothing(harness, caplog):
     h = harness(dry_run=True)
     h.post(payload(h.alert()))
     h.settle()
-    assert h.docker.restarts == []
+    assert h.restarter.restarts == []
     assert not list((h.state_dir / "incidents").glob("*"))
     line = next(r.getMessage() for r in caplog.records if "action=" in r.getMessage())
     assert "action=restart reason=hung dry_run=true" in line
@@ -276,3 +286,34 @@ def test_label_values_cannot_inject_log_lines(harness, caplog):
     h.settle()
     line = next(r.getMessage() for r in caplog.records if "action=" in r.getMessage())
     assert "\n" not in line and len(line) < 600 and "reason=unknown_target" in line
+
+
+def test_an_alert_that_starts_in_the_future_restarts_nothing(harness):
+    """Before: startsAt an hour ahead skipped "already restarted since the alert began" (the
+    container had restarted 10 minutes ago) and the container was restarted again."""
+    h = harness()
+    h.restarter.by_name["vllm-a"].state["StartedAt"] = iso(h.clock() - 600)
+    assert h.post(payload(h.alert(starts_at=iso(h.clock() + 3600)))).status_code == 200
+    h.settle()
+    assert h.restarter.restarts == [] and h.rechecker.calls == [] and h.restarter.gets == []
+    assert reasons(h) == [("skip", "starts_in_future")]
+    assert "3600s ahead of this host's clock" in h.decisions()[0]["detail"]
+
+
+def test_a_start_a_few_seconds_ahead_is_clock_skew_and_still_acted_on(harness):
+    h = harness()
+    h.post(payload(h.alert(starts_at=iso(h.clock() + 20))))
+    h.settle()
+    assert reasons(h) == [("restart", "hung")] and len(h.restarter.restarts) == 1
+
+
+def test_incident_records_hold_container_logs_and_are_private(harness):
+    h = harness()
+    h.post(payload(h.alert()))
+    h.settle()
+    (incident,) = (h.state_dir / "incidents").glob("*.json")
+    assert incident.stat().st_mode & 0o777 == 0o600
+    assert (h.state_dir / "ledger.jsonl").stat().st_mode & 0o777 == 0o600
+    for directory in (h.state_dir, h.state_dir / "incidents", h.state_dir / "locks"):
+        assert directory.stat().st_mode & 0o777 == 0o700, directory
+    assert not [p for p in (h.state_dir / "incidents").iterdir() if p.name.startswith(".")], "a temporary file left"

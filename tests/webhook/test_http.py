@@ -23,7 +23,7 @@ def test_missing_or_wrong_token_is_401_and_nothing_happens(harness, headers):
     assert response.status_code == 401
     assert response.headers["WWW-Authenticate"].startswith("Bearer")
     h.settle()
-    assert h.docker.gets == [] and h.docker.restarts == [] and h.decisions() == []
+    assert h.restarter.gets == [] and h.restarter.restarts == [] and h.decisions() == []
 
 
 def test_token_is_checked_before_the_body_is_parsed(harness):
@@ -54,7 +54,7 @@ def test_bad_payload_is_400_with_a_short_reason(harness, body, reason):
     response = h.client.post("/alerts", data=body, headers=BEARER, content_type="application/json")
     assert response.status_code == 400
     assert reason in response.get_json()["error"]
-    assert h.docker.gets == []
+    assert h.restarter.gets == []
 
 
 def test_oversized_body_is_413(harness):
@@ -88,7 +88,7 @@ def test_unknown_routes_and_methods_are_4xx(harness):
 
 def test_every_decision_and_restart_series_exists_at_zero_from_the_start(harness):
     """rate() and Grafana annotations need a series before its first event."""
-    from hangwatch.webhook.decide import REASONS
+    from hangwatch.webhook.policy import REASONS
     metrics = harness().client.get("/metrics").text
     for reason in REASONS:
         action = "restart" if reason == "hung" else "skip"
@@ -96,3 +96,21 @@ def test_every_decision_and_restart_series_exists_at_zero_from_the_start(harness
     for target in ("vllm-a", "vllm-b"):
         for result in ("ok", "failed"):
             assert f'hangwatch_webhook_restarts_total{{result="{result}",target="{target}"}} 0.0' in metrics
+
+
+def test_a_separate_reset_token_is_the_only_key_to_the_circuit(harness):
+    reset_token = "operator-reset-token-0123456789-abcdef"
+    h = harness(reset_token=reset_token, cooldown="0s", budget={"restarts": 1, "window": "1h"})
+    h.post(payload(h.alert()))
+    h.settle()
+    assert h.client.post("/circuit/vllm-a/reset", headers=BEARER).status_code == 401  # Alertmanager's token
+    assert h.post(payload(h.alert()), headers={"Authorization": f"Bearer {reset_token}"}).status_code == 401
+    assert 'hangwatch_webhook_circuit_open{target="vllm-a"} 1.0' in h.client.get("/metrics").text
+    answer = h.client.post("/circuit/vllm-a/reset", headers={"Authorization": f"Bearer {reset_token}"})
+    assert answer.status_code == 200 and answer.get_json() == {"target": "vllm-a", "reset": True}
+    assert 'hangwatch_webhook_circuit_open{target="vllm-a"} 0.0' in h.client.get("/metrics").text
+
+
+def test_without_a_reset_token_the_alert_token_resets(harness):
+    h = harness()
+    assert h.client.post("/circuit/vllm-a/reset", headers=BEARER).status_code == 200

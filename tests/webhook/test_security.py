@@ -114,5 +114,5 @@ def test_ten_thousand_hostile_payloads_cause_no_5xx_and_no_restart(fast_state_di
     finally:
         h.state.close()
     assert sum(codes.values()) >= PAYLOADS
-    assert h.docker.restarts == [] and h.rechecker.calls == []
+    assert h.restarter.restarts == [] and h.rechecker.calls == []
     assert {200, 400, 401} <= set(codes), codes

@@ -1,35 +1,47 @@
 """Decide, for one alert about one configured target, whether to restart — and do it once.
 
-The alert is only a hint. A restart needs all of: the container exists, runs, and has not
-been (re)started since the alert began; the target is out of its cooldown and inside its
-restart budget; and the webhook's *own* re-check of the backend (the verdict core in
-``hangwatch.check``) says ``hung``. The final checks and the restart run under a file lock
-per target, after re-reading the ledger, so two replicas sharing a state_dir and a Docker
-engine restart once. Every outcome is one log line, one ledger line, one counter.
+The alert is only a hint. A restart needs all of: the alert began no later than now (plus a
+small clock skew); the container exists, runs, and has not been (re)started since the alert
+began; the target is out of its cooldown and inside its restart budget; and the webhook's
+*own* re-check of the backend (the verdict core in ``hangwatch.check``) says ``hung``. The
+final checks and the restart run under a file lock per target, after re-reading the ledger,
+so two replicas sharing a state_dir and a Docker engine restart once. No restart without its
+records: the incident record and the ledger's restart line are written first, and if either
+cannot be written the answer is no (``ledger_error``).
+
+Every outcome is one log line and one counter; every decision about a configured target is
+also one ledger line. Alerts that are not ours to act on (resolved, another alertname, an
+unknown target, a container label that does not match) are only logged and counted: Alertmanager
+sends them at every group interval, and a ledger line each would grow it without telling anyone
+anything the counter does not.
+
+The container engine is behind ``restarter.Restarter``; this module never imports Docker.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
-from docker.errors import NotFound
-
 from .config import Config, Target
-from .ledger import Ledger, target_lock, write_incident
+from .ledger import Ledger, LedgerError, target_lock, write_incident
 from .metrics import WebhookMetrics
-from .payload import Alert, parse_rfc3339
+from .payload import Alert
+from .restarter import Container, ContainerNotFound, EngineError, Restarter
 
 log = logging.getLogger("hangwatch.webhook")
 
 RESTART, SKIP = "restart", "skip"
 LOG_TAIL_LINES = 100
-MAX_SHOWN = 120  # characters of an untrusted label value in a log line
+MAX_SHOWN = 120         # characters of an untrusted label value in a log line
+MAX_CLOCK_SKEW = 30.0   # seconds an alert's startsAt may lie ahead of our clock
+STOPPING = "re-check said hung while the webhook was stopping"
 
 # Every reason a decision can give (the `reason` label of decisions_total; a fixed set).
 REASONS = (
@@ -39,6 +51,7 @@ REASONS = (
     "unknown_target",           # the `target` label is not a configured target
     "container_label_missing",  # no `container` label: never restarted (DESIGN.md)
     "container_mismatch",       # the `container` label is not the configured container
+    "starts_in_future",         # startsAt later than now + MAX_CLOCK_SKEW: a clock or a sender is wrong
     "container_not_found",      # Docker has no such container
     "docker_unreachable",       # the engine failed while the job ran (Alertmanager re-sends)
     "duplicate",                # a job for this target is already queued or running
@@ -49,18 +62,19 @@ REASONS = (
     "recheck_idle", "recheck_busy", "recheck_restarted", "recheck_blind", "recheck_down",
     "recheck_error",            # the re-check itself failed
     "lock_timeout",             # another replica held the target's lock too long
+    "ledger_error",             # the ledger or incident record could not be read or written: no restart
+    "shutting_down",            # the webhook is stopping: no new restart begins
     "internal_error",
 )
+# Logged and counted, never written to the ledger: not an alert this webhook may act on.
+IGNORED = frozenset({"resolved", "alertname_ignored", "unknown_target", "container_label_missing",
+                     "container_mismatch"})
 
 
 @dataclass(frozen=True)
 class Job:
     alert: Alert
     target: Target
-
-
-class EngineError(Exception):
-    """The Docker engine did not answer usefully (unreachable, timed out, 5xx)."""
 
 
 def show(value) -> str:
@@ -75,17 +89,20 @@ def show(value) -> str:
     return json.dumps(text)
 
 
-class Decider:
-    def __init__(self, config: Config, *, docker_client, clock: Callable[[], float], rechecker,
+class Policy:
+    def __init__(self, config: Config, *, restarter: Restarter, clock: Callable[[], float], rechecker,
                  ledger: Ledger, metrics: WebhookMetrics, dry_run: bool, replica: str | None = None):
         self.config = config
-        self.docker = docker_client
+        self.restarter = restarter
         self.clock = clock
         self.rechecker = rechecker
         self.ledger = ledger
         self.metrics = metrics
         self.dry_run = dry_run
         self.replica = replica or f"{socket.gethostname()}-{os.getpid()}"
+        self._phase = threading.Condition()
+        self._stopping = False
+        self._restarting = 0  # jobs past the point of no return (records written, restart under way)
 
     # -- the cheap part, in the request -------------------------------------------------
     def triage(self, alert: Alert) -> Target | None:
@@ -104,16 +121,16 @@ class Decider:
         if label != target.container:
             return self.record(alert, target, SKIP, "container_mismatch",
                                f"label container={show(label)}, configured {target.container}")
+        now = self.clock()
+        if alert.starts_at is not None and alert.starts_at.timestamp() > now + MAX_CLOCK_SKEW:
+            return self.record(alert, target, SKIP, "starts_in_future",
+                               f"startsAt {_iso(alert.starts_at)} is {alert.starts_at.timestamp() - now:.0f}s "
+                               f"ahead of this host's clock (more than {MAX_CLOCK_SKEW:g}s)")
         return target
 
-    def container(self, target: Target):
-        """The configured container (NotFound if Docker has none); EngineError if Docker fails."""
-        try:
-            return self.docker.containers.get(target.container)
-        except NotFound:
-            raise
-        except Exception as exc:  # ConnectionError, APIError 5xx, timeouts: retry can help
-            raise EngineError(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+    def container(self, target: Target) -> Container:
+        """The configured container (ContainerNotFound, EngineError)."""
+        return self.restarter.find(target.container)
 
     # -- the slow part, in the worker ---------------------------------------------------
     def run(self, job: Job) -> None:
@@ -125,7 +142,7 @@ class Decider:
 
     def _run(self, job: Job) -> None:
         alert, target = job.alert, job.target
-        if self._vetoed(alert, target, since=None) is None:
+        if self._vetoed(alert, target, since=None, refresh=True) is None:
             return
         recheck_started = self.clock()
         try:
@@ -140,28 +157,42 @@ class Decider:
             reason = f"recheck_{state}" if f"recheck_{state}" in REASONS else "recheck_error"
             self.record(alert, target, SKIP, reason, why)
             return
+        if self.stopping:
+            self.record(alert, target, SKIP, "shutting_down", STOPPING)
+            return
         deadline = target.stop_timeout + 2 * self.config.recheck.timeout + 60
         try:
-            with target_lock(self.config.state_dir, target.name, deadline=deadline):
-                self.ledger.refresh()  # what another replica did while we re-checked
-                container = self._vetoed(alert, target, since=recheck_started)
-                if container is not None:
+            with target_lock(self.config.state_dir, target.name, deadline=deadline, cancelled=lambda: self.stopping):
+                container = self._vetoed(alert, target, since=recheck_started, refresh=True)
+                if container is None:
+                    return
+                if not self._begin_restart():
+                    self.record(alert, target, SKIP, "shutting_down", STOPPING)
+                    return
+                try:
                     self._restart(alert, target, container, result)
+                finally:
+                    self._end_restart()
         except TimeoutError as exc:
-            self.record(alert, target, SKIP, "lock_timeout", str(exc))
+            reason = "shutting_down" if self.stopping else "lock_timeout"
+            self.record(alert, target, SKIP, reason, str(exc))
 
-    def _vetoed(self, alert: Alert, target: Target, since: float | None):
+    def _vetoed(self, alert: Alert, target: Target, since: float | None, refresh: bool = False) -> Container | None:
         """The container if nothing forbids a restart; else None, with the skip recorded."""
+        if refresh:
+            try:
+                self.ledger.refresh()  # what another replica did while we re-checked
+            except LedgerError as exc:
+                return self.record(alert, target, SKIP, "ledger_error", str(exc))
         try:
             container = self.container(target)
-        except NotFound:
+        except ContainerNotFound:
             return self.record(alert, target, SKIP, "container_not_found")
         except EngineError as exc:
             return self.record(alert, target, SKIP, "docker_unreachable", str(exc))
-        state = container.attrs.get("State") or {}
-        if state.get("Restarting") or not state.get("Running") or state.get("Paused"):
-            return self.record(alert, target, SKIP, "not_running", f"status={state.get('Status')}")
-        started = _started_at(state)
+        if container.restarting or not container.running or container.paused:
+            return self.record(alert, target, SKIP, "not_running", f"status={container.status}")
+        started = container.started_at
         if started is not None:
             if alert.starts_at is not None and started > alert.starts_at:
                 return self.record(alert, target, SKIP, "already_restarted",
@@ -179,29 +210,33 @@ class Decider:
             return self.record(alert, target, SKIP, "circuit_open", self._circuit_detail(counted))
         return container
 
-    def _restart(self, alert: Alert, target: Target, container, result) -> None:
+    def _restart(self, alert: Alert, target: Target, container: Container, result) -> None:
         if self.dry_run:
             self.record(alert, target, RESTART, "hung", result.verdict.reason, dry_run=True)
             return
         now = self.clock()
         stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-        state = container.attrs.get("State") or {}
         incident = {
             "target": target.name, "container": target.container, "container_id": container.id,
             "url": target.url, "module": target.module, "replica": self.replica, "decided_at": _iso_ts(now),
             "alert": {"labels": {k: v[:512] for k, v in list(alert.labels.items())[:64]},
                       "startsAt": _iso(alert.starts_at)},
-            "container_started_at": state.get("StartedAt"),
+            "container_started_at": container.started_at_text,
             "recheck": _safe(result.as_json),
             "observations": [_safe(o.as_dict) for o in result.observations],
             "logs": self._log_tail(container),
         }
-        path = write_incident(self.config.state_dir, f"{stamp}-{target.name}-{os.getpid()}", incident)
-        # Counted before the call: a crash mid-restart still spends budget and starts cooldown.
-        self.ledger.append({"event": "restart", "at": now, "target": target.name,
-                            "container": target.container, "replica": self.replica, "incident": path})
+        # Both records before the call: a crash mid-restart still spends budget and starts
+        # cooldown. If either cannot be written, there is no restart (fail closed).
         try:
-            container.restart(timeout=int(math.ceil(target.stop_timeout)))
+            path = write_incident(self.config.state_dir, f"{stamp}-{target.name}-{os.getpid()}", incident)
+            self.ledger.append({"event": "restart", "at": now, "target": target.name,
+                                "container": target.container, "replica": self.replica, "incident": path})
+        except LedgerError as exc:
+            self.record(alert, target, SKIP, "ledger_error", f"no restart without its record: {exc}")
+            return
+        try:
+            self.restarter.restart(container, target.stop_timeout)
             outcome, detail = "ok", result.verdict.reason
         except Exception as exc:
             outcome, detail = "failed", f"restart failed: {type(exc).__name__}: {str(exc)[:200]}"
@@ -218,17 +253,47 @@ class Decider:
         return (f"{len(counted)} restarts within {budget.window:g}s (budget {budget.restarts}); no restarts "
                 f"until {_iso_ts(closes)} or POST /circuit/<target>/reset")
 
-    def _log_tail(self, container) -> list[str]:
+    def _log_tail(self, container: Container) -> list[str]:
         try:
-            raw = container.logs(tail=LOG_TAIL_LINES, timestamps=True)
+            return self.restarter.log_tail(container, LOG_TAIL_LINES)[-LOG_TAIL_LINES:]
         except Exception as exc:
             return [f"(logs unavailable: {type(exc).__name__}: {str(exc)[:200]})"]
-        return raw.decode("utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
+
+    # -- stopping -----------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def _begin_restart(self) -> bool:
+        with self._phase:
+            if self._stopping:
+                return False
+            self._restarting += 1
+            return True
+
+    def _end_restart(self) -> None:
+        with self._phase:
+            self._restarting -= 1
+            self._phase.notify_all()
+
+    def stop(self, timeout: float) -> bool:
+        """No restart begins from now on; wait up to ``timeout`` s for those under way.
+        True if none is left. Jobs still re-checking are abandoned (Alertmanager re-sends)."""
+        deadline = time.monotonic() + timeout
+        with self._phase:
+            self._stopping = True
+            while self._restarting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._phase.wait(left)
+        return True
 
     # -- bookkeeping --------------------------------------------------------------------
     def record(self, alert: Alert | None, target: Target | None, action: str, reason: str,
                detail: str = "", **extra) -> None:
-        """One decision: one log line, one ledger line, one counter. Returns None (for chaining)."""
+        """One decision: one log line, one counter and, unless ignored, one ledger line.
+        Returns None (for chaining)."""
         labels = alert.labels if alert else {}
         alertname = labels.get("alertname")
         target_name = target.name if target else labels.get("target")
@@ -241,39 +306,40 @@ class Decider:
         if detail:
             fields.append(("detail", detail))
         line = " ".join(f"{key}={show(value)}" for key, value in fields)
-        log.log(logging.ERROR if reason == "circuit_open" else logging.INFO, "%s", line)
+        level = logging.ERROR if reason in ("circuit_open", "ledger_error") else logging.INFO
+        log.log(level, "%s", line)
         if alert is not None and log.isEnabledFor(logging.DEBUG):
             log.debug("alert labels=%s", show(json.dumps(labels, sort_keys=True)[:2000]))
         self.metrics.decisions.labels(action, reason).inc()
-        self.ledger.append({
-            "event": "decision", "at": self.clock(), "replica": self.replica,
-            "alertname": _cut(alertname), "target": _cut(target_name), "container": _cut(container),
-            "action": action, "reason": reason, "dry_run": action == RESTART and self.dry_run,
-            "detail": _cut(detail, 500), **{k: _cut(v) for k, v in extra.items() if k != "dry_run"}})
+        if reason in IGNORED:
+            return None
+        try:
+            self.ledger.append({
+                "event": "decision", "at": self.clock(), "replica": self.replica,
+                "alertname": _cut(alertname), "target": _cut(target_name), "container": _cut(container),
+                "action": action, "reason": reason, "dry_run": action == RESTART and self.dry_run,
+                "detail": _cut(detail, 500), **{k: _cut(v) for k, v in extra.items() if k != "dry_run"}})
+        except LedgerError as exc:
+            log.error("ledger: the decision above is not recorded: %s", exc)
         return None
 
     def circuit_open(self) -> dict[str, bool]:
-        self.ledger.refresh()
+        try:
+            self.ledger.refresh()
+        except LedgerError as exc:  # the last state read stays the answer
+            log.error("%s", exc)
         now = self.clock()
         budget = self.config.budget
         return {t.name: len(self.ledger.restarts_counted(t.name, now, budget.window)) >= budget.restarts
                 for t in self.config.targets}
 
     def reset_circuit(self, target: Target) -> None:
-        self.ledger.append({"event": "circuit_reset", "at": self.clock(), "target": target.name,
-                            "replica": self.replica})
+        """Close the target's circuit; LedgerError if the reset could not be recorded (then it did not happen)."""
+        at = self.clock()
+        self.ledger.append({"event": "circuit_reset", "at": at, "target": target.name, "replica": self.replica})
+        if self.ledger.reset_at(target.name) < at:
+            raise LedgerError("the reset was written but does not read back")
         log.warning("circuit reset target=%s container=%s by operator request", target.name, target.container)
-
-
-def _started_at(state: dict) -> datetime | None:
-    text = state.get("StartedAt")
-    if not isinstance(text, str):
-        return None
-    try:
-        started = parse_rfc3339(text)
-    except ValueError:
-        return None
-    return None if started.year < 2000 else started  # "0001-01-01T00:00:00Z": never started
 
 
 def _safe(call):

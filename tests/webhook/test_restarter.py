@@ -1,0 +1,162 @@
+"""``DockerRestarter`` (the real Docker SDK) against a small fake Engine API on loopback.
+
+The fake answers the calls the webhook is meant to make and records every request, so the
+tests see exactly what goes over the wire: what the compose file's socket proxy must let
+through (tests/test_compose.py checks its allowlist against ``recorded_engine_calls()``),
+that a container is found by its exact name and then addressed by ID, and how engine
+failures surface. The same restarter against a real engine is in test_real_docker.py.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import docker
+import pytest
+
+from hangwatch.webhook.restarter import ContainerNotFound, DockerRestarter, EngineError, container_from_inspect
+
+CID = "7a" * 32
+OTHER = "b0" * 32
+
+
+class FakeEngine:
+    """Enough of the Engine API for DockerRestarter: /version, list, inspect, logs, restart."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, str, dict]] = []
+        self.containers = {CID: {"Id": CID, "Name": "/vllm-a", "Config": {"Tty": True},
+                                 "State": {"Status": "running", "Running": True, "Paused": False, "Restarting": False,
+                                           "StartedAt": "2026-11-30T03:00:00.123456789Z"}},
+                           OTHER: {"Id": OTHER, "Name": "/postgres", "Config": {"Tty": True},
+                                   "State": {"Status": "running", "Running": True, "StartedAt": "2026-11-30T01:00:00Z"}}}
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                engine.handle(self, "GET")
+
+            def do_POST(self):
+                engine.handle(self, "POST")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"tcp://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def handle(self, request, method):
+        parts = urlsplit(request.path)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        self.calls.append((method, parts.path, query))
+        path = re.sub(r"^/v1\.\d+", "", parts.path)
+        if path == "/version":
+            return self.reply(request, {"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"})
+        if path == "/containers/json":
+            pattern = json.loads(query.get("filters", "{}")).get("name", [""])[0]
+            listed = [{"Id": c["Id"], "Names": [c["Name"]]} for c in self.containers.values()
+                      if re.search(pattern, c["Name"])]
+            return self.reply(request, listed)
+        match = re.fullmatch(r"/containers/([^/]+)/(json|logs|restart)", path)
+        # Like Docker: a name, an ID, or an ID prefix all address a container.
+        found = match and next((c for c in self.containers.values() if c["Name"] == "/" + match.group(1)
+                                or c["Id"].startswith(match.group(1))), None)
+        if not found:
+            return self.reply(request, {"message": "No such container"}, 404)
+        if match.group(2) == "json":
+            return self.reply(request, found)
+        if match.group(2) == "logs":
+            body = "".join(f"2026-11-30T03:00:0{i}Z line {i}\n" for i in range(5)).encode()
+            return self.reply(request, body, content_type="application/octet-stream")
+        found["State"]["StartedAt"] = "2026-11-30T04:00:00Z"
+        request.send_response(204)
+        request.end_headers()
+
+    def reply(self, request, body, code=200, content_type="application/json"):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request.send_response(code)
+        request.send_header("Content-Type", content_type)
+        request.send_header("Content-Length", str(len(data)))
+        request.end_headers()
+        request.wfile.write(data)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def engine():
+    fake = FakeEngine()
+    yield fake
+    fake.close()
+
+
+def restarter_for(engine: FakeEngine) -> DockerRestarter:
+    return DockerRestarter(docker.DockerClient(base_url=engine.url, version="auto", timeout=5))
+
+
+def recorded_engine_calls() -> list[tuple[str, str]]:
+    """(method, path) of every Engine API request one find/log tail/restart makes."""
+    fake = FakeEngine()
+    try:
+        restarter = restarter_for(fake)
+        container = restarter.find("vllm-a")
+        restarter.log_tail(container, 100)
+        restarter.restart(container, 30)
+        return [(method, path) for method, path, _ in fake.calls]
+    finally:
+        fake.close()
+
+
+def test_find_uses_the_exact_name_then_the_id(engine):
+    container = restarter_for(engine).find("vllm-a")
+    assert (container.id, container.name, container.status, container.running) == (CID, "vllm-a", "running", True)
+    assert container.started_at.isoformat() == "2026-11-30T03:00:00.123456+00:00"
+    listing = next(q for m, p, q in engine.calls if p.endswith("/containers/json"))
+    assert listing["all"] in ("1", "True", "true") and json.loads(listing["filters"]) == {"name": ["^/vllm-a$"]}
+    assert any(p.endswith(f"/containers/{CID}/json") for _, p, _ in engine.calls)
+    assert not any(p.endswith("/containers/vllm-a/json") for _, p, _ in engine.calls)
+
+
+def test_a_name_that_is_only_an_id_prefix_is_not_found(engine):
+    """Docker would resolve /containers/b0b0/json to postgres (an ID prefix): never restart that."""
+    with pytest.raises(ContainerNotFound):
+        restarter_for(engine).find(OTHER[:12])
+    with pytest.raises(ContainerNotFound):
+        restarter_for(engine).find("vllm")  # a prefix of a name is no name either
+
+
+def test_restart_sends_the_stop_timeout_and_addresses_the_id(engine):
+    restarter = restarter_for(engine)
+    restarter.restart(restarter.find("vllm-a"), 7.2)
+    method, path, query = engine.calls[-1]
+    assert (method, path.split("/", 2)[2], query) == ("POST", f"containers/{CID}/restart", {"t": "8"})
+
+
+def test_log_tail(engine):
+    restarter = restarter_for(engine)
+    lines = restarter.log_tail(restarter.find("vllm-a"), 3)
+    assert lines == ["2026-11-30T03:00:02Z line 2", "2026-11-30T03:00:03Z line 3", "2026-11-30T03:00:04Z line 4"]
+    query = next(q for _, p, q in engine.calls if p.endswith("/logs"))
+    assert (query["tail"], query["timestamps"], query["stdout"], query["stderr"]) == ("3", "1", "1", "1")
+
+
+def test_engine_unreachable_or_failing_is_an_engine_error(tmp_path):
+    restarter = DockerRestarter(docker.DockerClient(base_url=f"unix://{tmp_path}/none.sock", version="1.41",
+                                                    timeout=2))
+    with pytest.raises(EngineError, match="ConnectionError"):
+        restarter.find("vllm-a")
+
+
+def test_inspect_answers_become_containers():
+    never = container_from_inspect({"Id": "x", "Name": "/a", "State": {"Status": "created",
+                                                                       "StartedAt": "0001-01-01T00:00:00Z"}})
+    assert never.started_at is None and not never.running and never.status == "created"
+    odd = container_from_inspect({"Id": "x", "Name": "/a", "State": {"Running": True, "StartedAt": "yesterday"}})
+    assert odd.started_at is None and odd.running and odd.started_at_text == "yesterday"
+    assert container_from_inspect({}).status == "unknown"

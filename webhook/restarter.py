@@ -1,0 +1,124 @@
+"""What the webhook asks of a container engine, and the real one: Docker through its SDK.
+
+The policy (``policy.py``) decides; a *restarter* only finds a container, reports its state,
+restarts it with a stop timeout and reads its log tail. Tests and the demo hand
+``create_app`` their own restarter (``tests/webhook/fakes.py``, ``demo/nodocker.py``); only
+``main`` builds ``DockerRestarter``.
+
+``DockerRestarter`` makes exactly these Engine API calls, which is all the compose file's
+socket proxy lets through (``docker-compose.yml``, service ``docker-proxy``)::
+
+    GET  /version                               (API version negotiation, once)
+    GET  /vX/containers/json?all=1&filters=...  (find by exact name)
+    GET  /vX/containers/{id}/json               (state, StartedAt)
+    GET  /vX/containers/{id}/logs?tail=N        (the incident record's log tail)
+    POST /vX/containers/{id}/restart?t=S        (the restart)
+
+A container is looked up by its exact name and then addressed by its ID: Docker resolves a
+bare ``/containers/{name}`` by ID prefix too, so a configured name that matches no container
+could otherwise reach another container whose ID happens to start with those letters.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from .payload import parse_rfc3339
+
+DOCKER_TIMEOUT = 10.0  # seconds per Engine API call; a restart gets its stop timeout on top
+
+
+class ContainerNotFound(Exception):
+    """The engine answered: no container has this name."""
+
+
+class EngineError(Exception):
+    """The engine did not answer usefully (unreachable, timed out, 5xx): a retry may help."""
+
+
+@dataclass(frozen=True)
+class Container:
+    id: str
+    name: str
+    status: str                  # Docker's State.Status: running, restarting, exited, paused, ...
+    running: bool
+    restarting: bool
+    paused: bool
+    started_at: datetime | None  # aware UTC; None if it never started or the engine gave nothing usable
+    started_at_text: str | None  # as the engine wrote it (for the incident record)
+
+
+class Restarter(Protocol):
+    def find(self, name: str) -> Container:
+        """The container named exactly ``name``; ContainerNotFound or EngineError otherwise."""
+
+    def restart(self, container: Container, stop_timeout: float) -> None:
+        """Restart it (SIGTERM, then SIGKILL after ``stop_timeout`` s); raises on failure."""
+
+    def log_tail(self, container: Container, lines: int) -> list[str]:
+        """Its last ``lines`` log lines (stdout and stderr, with timestamps); raises on failure."""
+
+
+def container_from_inspect(attrs: dict) -> Container:
+    """A ``Container`` from the Engine's ``GET /containers/{id}/json`` answer."""
+    state = attrs.get("State") or {}
+    text = state.get("StartedAt")
+    started = None
+    if isinstance(text, str):
+        try:
+            started = parse_rfc3339(text)
+        except ValueError:
+            started = None
+        if started is not None and started.year < 2000:  # "0001-01-01T00:00:00Z": never started
+            started = None
+    return Container(id=str(attrs.get("Id") or ""), name=str(attrs.get("Name") or "").lstrip("/"),
+                     status=str(state.get("Status") or "unknown"), running=bool(state.get("Running")),
+                     restarting=bool(state.get("Restarting")), paused=bool(state.get("Paused")),
+                     started_at=started, started_at_text=text if isinstance(text, str) else None)
+
+
+class DockerRestarter:
+    """The Docker Engine API through the Docker SDK; the engine is reached on first use, so
+    the webhook may start before it (``DOCKER_HOST`` selects a socket proxy or another host)."""
+
+    def __init__(self, client=None, *, timeout: float = DOCKER_TIMEOUT):
+        self._client = client
+        self._timeout = timeout
+        self._lock = threading.Lock()
+
+    def _api(self):
+        with self._lock:
+            if self._client is None:
+                import docker
+                self._client = docker.from_env(timeout=self._timeout)
+            return self._client.api
+
+    def find(self, name: str) -> Container:
+        from docker.errors import NotFound
+        try:
+            api = self._api()
+            listed = api.containers(all=True, filters={"name": "^/" + name.replace(".", r"\.") + "$"})
+            ids = [c.get("Id") for c in listed if "/" + name in (c.get("Names") or [])]
+            if not ids:
+                raise ContainerNotFound(name)
+            attrs = api.inspect_container(ids[0])
+        except ContainerNotFound:
+            raise
+        except NotFound:  # removed between the list and the inspect
+            raise ContainerNotFound(name) from None
+        except Exception as exc:  # ConnectionError, APIError 5xx, timeouts, DockerException
+            raise EngineError(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+        container = container_from_inspect(attrs)
+        if container.name != name:
+            raise ContainerNotFound(name)
+        return container
+
+    def restart(self, container: Container, stop_timeout: float) -> None:
+        self._api().restart(container.id, timeout=int(math.ceil(stop_timeout)))
+
+    def log_tail(self, container: Container, lines: int) -> list[str]:
+        raw = self._api().logs(container.id, stdout=True, stderr=True, timestamps=True, tail=lines)
+        return raw.decode("utf-8", errors="replace").splitlines()[-lines:]

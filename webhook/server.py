@@ -1,0 +1,111 @@
+"""Serving the webhook: waitress with limits, and a stop that never cuts a restart in half.
+
+Why waitress (a production WSGI server in pure Python): one I/O thread multiplexes every
+connection and only a *complete* request reaches one of ``threads`` worker threads, so a
+client that opens connections and sends nothing, or a header a byte at a time, holds a file
+descriptor, never a thread. ``channel_timeout`` closes a connection idle that long;
+``connection_limit`` caps how many are open (past it, new ones wait in the kernel's listen
+backlog). Werkzeug's development server, used before, held one thread per connection for as
+long as the client liked (300 half-open connections: 300 threads, never released).
+
+Stopping (SIGTERM or SIGINT; in its container the webhook is PID 1): stop accepting at once,
+let requests in progress answer (a request never waits on a re-check, so this takes
+moments), then ``WebhookState.shutdown``: no new restart begins, a restart already under way
+finishes within its bound, and jobs still re-checking are abandoned — Alertmanager re-sends
+their alerts to the next process.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from typing import Callable
+
+log = logging.getLogger("hangwatch.webhook")
+
+THREADS = 8              # request threads; a request does triage and one Docker lookup (< 1 s)
+CONNECTION_LIMIT = 512   # open connections; Alertmanager needs a handful
+CHANNEL_TIMEOUT = 10     # seconds a connection may sit idle (Alertmanager sends a request in ms)
+CLEANUP_INTERVAL = 2     # seconds between sweeps for idle connections
+MAX_BODY_BYTES = 4 * 1024 * 1024
+POLL = 0.5               # seconds; a stop asked for by a signal is seen within this
+DRAIN = 5.0              # seconds requests in progress get to answer after a stop
+
+
+class Server:
+    """One waitress server on ``host:port`` (port 0: any free port, see ``port``)."""
+
+    def __init__(self, app, host: str, port: int, *, threads: int = THREADS,
+                 connection_limit: int = CONNECTION_LIMIT, channel_timeout: int = CHANNEL_TIMEOUT,
+                 cleanup_interval: int = CLEANUP_INTERVAL):
+        from waitress.server import create_server
+        self._server = create_server(
+            app, host=host, port=port, threads=threads, connection_limit=connection_limit,
+            channel_timeout=channel_timeout, cleanup_interval=cleanup_interval, asyncore_use_poll=True,
+            max_request_body_size=MAX_BODY_BYTES, ident="hangwatch", clear_untrusted_proxy_headers=True,
+            expose_tracebacks=False)
+        self.host = host
+        self._stop = False
+
+    @property
+    def port(self) -> int:
+        return self._server.effective_port
+
+    def request_stop(self, wake: bool = True) -> None:
+        """Stop serving soon. From a signal handler pass ``wake=False`` (only a flag is set)."""
+        already, self._stop = self._stop, True
+        if wake and not already:
+            try:
+                self._server.pull_trigger()
+            except OSError:  # already closed: nothing left to wake
+                pass
+
+    def serve_until_stopped(self) -> None:
+        loop, sockets = self._server.asyncore.loop, self._server._map
+        try:
+            while not self._stop:
+                loop(timeout=POLL, map=sockets, use_poll=True, count=1)
+        finally:
+            self._drain(loop, sockets)
+
+    def _drain(self, loop, sockets) -> None:
+        """Close the listening socket, give requests in progress ``DRAIN`` s, close the rest."""
+        server = self._server
+        server.accepting = False
+        server.asyncore.dispatcher.close(server)  # the listener only; the trigger still wakes the loop
+        deadline = time.monotonic() + DRAIN
+        while time.monotonic() < deadline and self._busy():
+            loop(timeout=0.05, map=sockets, use_poll=True, count=1)
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=1)
+        server.asyncore.close_all(sockets)
+
+    def _busy(self) -> bool:
+        channels = list(getattr(self._server, "active_channels", {}).values())
+        return any(getattr(c, "requests", None) or getattr(c, "total_outbufs_len", 0) for c in channels)
+
+
+def serve(app, host: str, port: int, *, banner: str = "", install_signals: bool = True,
+          ready: Callable[[Server], None] | None = None, **limits) -> int:
+    """Serve the webhook ``app`` until SIGTERM/SIGINT (or ``request_stop()``), then stop it
+    cleanly; the exit code. ``ready`` receives the running ``Server`` (its port, a stop handle)."""
+    state = app.extensions["hangwatch"]
+    try:
+        server = Server(app, host, port, **limits)
+    except OSError as exc:
+        sys.stderr.write(f"hangwatch webhook: cannot listen on {host}:{port}: {exc.strerror or exc}\n")
+        state.close()
+        return 1
+    if install_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: server.request_stop(wake=False))
+    log.info("webhook listening on http://%s:%d%s", host, server.port, f" ({banner})" if banner else "")
+    if ready is not None:
+        ready(server)
+    server.serve_until_stopped()
+    bound = state.restart_bound
+    log.info("stopping: no new restart begins; a restart under way gets up to %.0fs", bound)
+    if not state.shutdown(bound):
+        log.warning("stopping with a restart still under way after %.0fs", bound)
+    log.info("webhook stopped")
+    return 0
