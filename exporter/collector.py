@@ -33,12 +33,15 @@ import time
 from dataclasses import replace
 
 import requests
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from hangwatch.engines import ENGINES_BY_NAME
 from hangwatch.fetch import OK, TIMEOUT, request
 from hangwatch.modules import READS_LOAD, observer_for
 from hangwatch.observe import Observation
+from hangwatch.reading import bounded_models
 
 _COUNTERS = (
     ("steps", "hangwatch_engine_steps", "Engine iterations (the engine's heartbeat)."),
@@ -98,7 +101,7 @@ def families_for(observation: Observation, module: str, duration: float):
     yield _gauge("hangwatch_scrape_duration_seconds", "How long reading this backend took.", duration)
     info = GaugeMetricFamily("hangwatch_backend_info", "What was found at the target.",
                              labels=["engine", "module", "models", "version"])
-    info.add_metric([reading.engine if reading else "", module, ",".join(reading.models) if reading else "",
+    info.add_metric([reading.engine if reading else "", module, ",".join(bounded_models(reading.models)) if reading else "",
                      (reading.version or "") if reading else ""], 1.0)
     yield info
 
@@ -112,7 +115,7 @@ def _model_families(observation: Observation):
     if observation.reading is not None and observation.reading.models:
         served = GaugeMetricFamily("hangwatch_model_served", "1 for each model the backend serves.",
                                    labels=["model"])
-        for model in observation.reading.models:
+        for model in bounded_models(observation.reading.models):
             served.add_metric([model], 1.0)
         yield served
     if observation.answered and observation.listed_models is not None:
@@ -124,7 +127,7 @@ def _model_families(observation: Observation):
             listed = GaugeMetricFamily("hangwatch_fleet_model_registered",
                                        "1 for each model a fleet's controller lists as registered.",
                                        labels=["model"])
-            for model in observation.listed_models:
+            for model in bounded_models(observation.listed_models):
                 listed.add_metric([model], 1.0)
             yield listed
 
@@ -145,20 +148,67 @@ def engine_version(session: requests.Session, target: str, engine: str, timeout:
 
 
 class BackendCollector:
-    """Reads one target on every ``collect()``; nothing is kept between scrapes."""
+    """Reads one target on every ``collect()``; no reading is kept between scrapes.
 
-    def __init__(self, target: str, module: str, budget: float, session: requests.Session | None = None):
+    ``versions`` (optional, ``exporter.reuse.VersionCache``) remembers an engine's version per
+    process start time, so a busy backend is asked one request per scrape, not two.
+    """
+
+    def __init__(self, target: str, module: str, budget: float, session: requests.Session | None = None,
+                 versions=None):
         self.target, self.module, self.budget = target, module, budget
         self.session = session or requests.Session()
+        self.versions = versions
         self.last_observation: Observation | None = None
 
     def collect(self):
         started = time.monotonic()
         observation = observer_for(self.module)(self.session, self.target, timeout=self.budget,
                                                 probe_timeout=None, engine=None, clock=time.monotonic)
-        if observation.reading is not None:
-            version = engine_version(self.session, self.target, observation.reading.engine,
-                                     min(1.0, max(0.1, self.budget - (time.monotonic() - started))))
-            observation = replace(observation, reading=replace(observation.reading, version=version))
+        reading = observation.reading
+        if reading is not None:
+            version = self.versions and self.versions.get(self.target, reading.engine, reading.process_start)
+            if not version:
+                version = engine_version(self.session, self.target, reading.engine,
+                                         min(1.0, max(0.1, self.budget - (time.monotonic() - started))))
+                if self.versions is not None:
+                    self.versions.put(self.target, reading.engine, reading.process_start, version)
+            observation = replace(observation, reading=replace(reading, version=version))
         self.last_observation = observation
         yield from families_for(observation, self.module, time.monotonic() - started)
+
+
+class _Fixed:
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render(families) -> bytes:
+    """The text exposition format of ``families``: byte for byte what prometheus_client's
+    ``generate_latest`` writes for them (tests/test_exporter_render.py), without building a
+    registry per scrape. A family this fast path does not cover goes through ``generate_latest``."""
+    families = list(families)
+    out = []
+    for family in families:
+        name, kind = family.name, family.type
+        exposed = name + "_total" if kind == "counter" else name
+        if kind not in ("gauge", "counter"):
+            return generate_latest(_Fixed(families))
+        doc = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        out.append(f"# HELP {exposed} {doc}\n# TYPE {exposed} {kind}\n")
+        for sample in family.samples:
+            if sample.name != exposed or sample.timestamp is not None or sample.exemplar is not None:
+                return generate_latest(_Fixed(families))
+            if sample.labels:
+                labels = ",".join(f'{key}="{_label_value(value)}"' for key, value in sorted(sample.labels.items()))
+                out.append(f"{exposed}{{{labels}}} {floatToGoString(sample.value)}\n")
+            else:
+                out.append(f"{exposed} {floatToGoString(sample.value)}\n")
+    return "".join(out).encode("utf-8")
