@@ -73,6 +73,8 @@ def probe_target(text: str, config: ExporterConfig) -> tuple[int, str]:
     try:
         target = http_url(text, "target", allow_path=True)
     except ConfigError as exc:
+        if "@" in text.split("/", 3)[2 if text.count("/") >= 2 else 0]:  # never echo a password back
+            return 400, "target: must not carry credentials (user:password@)"
         return 400, str(exc)
     if not config.allows(target):
         return 403, "target is not in the exporter's allow_targets"
