@@ -21,6 +21,7 @@ numbers). Run under ``flock /tmp/hw/heavy.lock``; the machine's load is printed 
 from __future__ import annotations
 
 import argparse
+import signal
 import asyncio
 import json
 import sys
@@ -147,6 +148,11 @@ def sizes(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM (a timeout, Ctrl-C's cousin) runs the finally blocks that stop every process."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the exporter under many backends")
     parser.add_argument("--backends", type=sizes, default=[100, 1000, 5000], help="spread runs (comma list)")
@@ -158,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     raise_fd_limit()
+    _exit_on_sigterm()
     print(f"exporter: {args.exporter_ref or 'this tree'}; interval {args.interval:g}s, timeout {TIMEOUT:g}s, "
           f"load before: {loadavg()}", flush=True)
     rows = asyncio.run(main_async(args))
