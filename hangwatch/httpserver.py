@@ -284,6 +284,7 @@ class _Connection(asyncio.Protocol):
         self.client = ""
         self.job = None
         self.shed_timer: asyncio.TimerHandle | None = None
+        self.keep_alive_after = True   # False once the client has half-closed
 
     # -- asyncio.Protocol -----------------------------------------------------------------------
     def connection_made(self, transport):
@@ -310,7 +311,9 @@ class _Connection(asyncio.Protocol):
         self._try_request()
 
     def eof_received(self):
-        return False  # close when the client has finished sending
+        """The client finished sending (a half-close): answer what it asked, then close."""
+        self.keep_alive_after = False
+        return self.busy  # True keeps the transport open until the answer is written
 
     def connection_lost(self, exc):
         self.closed = True
@@ -406,6 +409,7 @@ class _Connection(asyncio.Protocol):
             self.shed_timer = None
 
     def _respond(self, response: Response):
+        self.keep_alive = self.keep_alive and self.keep_alive_after
         self.transport.write(encode(response, self.keep_alive))
         if not self.keep_alive:
             self.closed = True

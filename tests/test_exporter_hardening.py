@@ -309,3 +309,15 @@ def test_keep_alive_serves_many_requests_on_one_connection(exporter_with, backen
         assert session.get(url + "/metrics", timeout=5).status_code == 200
     own = requests.get(url + "/metrics", timeout=5).text
     assert "hangwatch_exporter_connections_open" in own
+
+
+def test_a_client_that_half_closes_still_gets_its_answer(exporter_with, backend):
+    url = exporter_with()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET /probe?target={backend.url} HTTP/1.0\r\n\r\n".encode())
+        s.shutdown(socket.SHUT_WR)  # like `nc -N`: the request is all it will send
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and b"hangwatch_up 1" in answer
