@@ -116,10 +116,12 @@ def main(argv=None) -> int:
                   f"p99 of per-target max {p99 * 1000:.1f} ms, max {worst * 1000:.1f} ms")
             for series in query(f"max_over_time(prometheus_rule_group_last_duration_seconds[{window}])"):
                 group = series["metric"].get("rule_group", "?").split(";")[-1]
-                missed = value(f'max(prometheus_rule_group_iterations_missed_total{{rule_group=~".*{group}"}})')
-                interval = value(f'max(prometheus_rule_group_interval_seconds{{rule_group=~".*{group}"}})')
-                print(f"rule group {group:28} interval {interval:g}s: slowest evaluation "
-                      f"{float(series['value'][1]) * 1000:7.1f} ms, missed iterations {missed:.0f}")
+                selector = f'{{rule_group=~".*{group}"}}'
+                missed = value(f"max(prometheus_rule_group_iterations_missed_total{selector})")
+                interval = value(f"max(prometheus_rule_group_interval_seconds{selector})")
+                typical = value(f"quantile_over_time(0.5, prometheus_rule_group_last_duration_seconds{selector}[{window}])")
+                print(f"rule group {group:28} interval {interval:g}s: evaluation median {typical * 1000:7.1f} ms, "
+                      f"slowest {float(series['value'][1]) * 1000:7.1f} ms, missed iterations {missed:.0f}")
             now = sample(exporter.pid)
             per_scrape = (cpu1 - cpu0) / max(1.0, succeeded) * 1000
             print(f"exporter: {(cpu1 - cpu0) / elapsed * 100:.1f}% of a core, {per_scrape:.2f} ms CPU per scrape "
