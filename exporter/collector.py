@@ -33,12 +33,17 @@ Sample output for a busy vLLM::
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import module as module_named
 from hangwatch.observation import TIMEOUT, Observation, Options
+from hangwatch.observe import engine_version
+from hangwatch.reading import bounded_models
 
 _COUNTERS = (
     ("steps", "hangwatch_engine_steps", "Engine iterations (the engine's heartbeat)."),
@@ -111,7 +116,7 @@ def families_for(observation: Observation, module: str, duration: float):
     yield _gauge("hangwatch_scrape_duration_seconds", "How long reading this backend took.", duration)
     info = GaugeMetricFamily("hangwatch_backend_info", "What was found at the target.",
                              labels=["engine", "module", "models", "version"])
-    info.add_metric([reading.engine if reading else "", module, ",".join(reading.models) if reading else "",
+    info.add_metric([reading.engine if reading else "", module, ",".join(bounded_models(reading.models)) if reading else "",
                      (reading.version or "") if reading else ""], 1.0)
     yield info
 
@@ -125,7 +130,7 @@ def _model_families(observation: Observation):
     if observation.reading is not None and observation.reading.models:
         served = GaugeMetricFamily("hangwatch_model_served", "1 for each model the backend serves.",
                                    labels=["model"])
-        for model in observation.reading.models:
+        for model in bounded_models(observation.reading.models):
             served.add_metric([model], 1.0)
         yield served
     if observation.answered and observation.listed_models is not None:
@@ -137,27 +142,75 @@ def _model_families(observation: Observation):
             listed = GaugeMetricFamily("hangwatch_fleet_model_registered",
                                        "1 for each model a fleet's controller lists as registered.",
                                        labels=["model"])
-            for model in observation.listed_models:
+            for model in bounded_models(observation.listed_models):
                 listed.add_metric([model], 1.0)
             yield listed
 
 
 class BackendCollector:
-    """Reads one target on every ``collect()``; nothing is kept between scrapes.
+    """Reads one target on every ``collect()``; no reading is kept between scrapes.
 
     Everything the scrape sends — /metrics, the idle probe, /version — finishes before one
-    deadline: the scrape budget from the moment ``collect()`` starts.
+    deadline: the scrape budget from the moment ``collect()`` starts. ``versions`` (optional,
+    ``exporter.reuse.VersionCache``) remembers an engine's version per process start time, so
+    a busy backend is asked one request per scrape, not two.
     """
 
     def __init__(self, target: str, module: str, budget: float, options: Options = Options(),
-                 client: Client | None = None):
+                 client: Client | None = None, versions=None):
         self.target, self.module, self.budget, self.options = target, module, budget, options
         self.client = client or Client(max_idle=0)
+        self.versions = versions
         self.last_observation: Observation | None = None
 
     def collect(self):
         started = time.monotonic()
-        observation = module_named(self.module).observe(self.client, self.target, Deadline.after(self.budget),
-                                                        self.options)
+        deadline = Deadline.after(self.budget)
+        observation = module_named(self.module).observe(self.client, self.target, deadline, self.options)
+        reading = observation.reading
+        if reading is not None:
+            version = self.versions and self.versions.get(self.target, reading.engine, reading.process_start)
+            if not version:
+                version = engine_version(self.client, self.target.rstrip("/"), reading.engine, deadline,
+                                         self.options)
+                if self.versions is not None:
+                    self.versions.put(self.target, reading.engine, reading.process_start, version)
+            observation = replace(observation, reading=replace(reading, version=version))
         self.last_observation = observation
         yield from families_for(observation, self.module, time.monotonic() - started)
+
+
+class _Fixed:
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render(families) -> bytes:
+    """The text exposition format of ``families``: byte for byte what prometheus_client's
+    ``generate_latest`` writes for them (tests/test_exporter_render.py), without building a
+    registry per scrape. A family this fast path does not cover goes through ``generate_latest``."""
+    families = list(families)
+    out = []
+    for family in families:
+        name, kind = family.name, family.type
+        exposed = name + "_total" if kind == "counter" else name
+        if kind not in ("gauge", "counter"):
+            return generate_latest(_Fixed(families))
+        doc = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        out.append(f"# HELP {exposed} {doc}\n# TYPE {exposed} {kind}\n")
+        for sample in family.samples:
+            if sample.name != exposed or sample.timestamp is not None or sample.exemplar is not None:
+                return generate_latest(_Fixed(families))
+            if sample.labels:
+                labels = ",".join(f'{key}="{_label_value(value)}"' for key, value in sorted(sample.labels.items()))
+                out.append(f"{exposed}{{{labels}}} {floatToGoString(sample.value)}\n")
+            else:
+                out.append(f"{exposed} {floatToGoString(sample.value)}\n")
+    return "".join(out).encode("utf-8")

@@ -10,10 +10,14 @@ from typing import Any
 
 from hangwatch import liveness
 from hangwatch.observation import PROBE_AUTO, PROBE_KINDS, Options
-from hangwatch.settings import (ConfigError, duration, http_url, load_yaml, mapping, optional_duration, secret_file,
-                                show)
+from hangwatch.settings import (ConfigError, boolean, duration, http_url, load_yaml, mapping, optional_duration,
+                                secret_file, show)
 
 __all__ = ["ConfigError", "ExporterConfig", "TargetSettings", "exporter_config", "load_exporter_config"]
+
+KEYS = {"timeout", "timeout_offset", "allow_targets", "allow_any_target", "max_concurrent_probes",
+        "max_connections", "read_timeout", "api_key_file", "targets",
+        "liveness_interval", "liveness_timeout", "liveness_budget"}
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,10 @@ class ExporterConfig:
     timeout: float = 10.0           # budget per scrape when Prometheus does not send one
     timeout_offset: float = 0.5     # subtracted from Prometheus' scrape timeout
     allow_targets: tuple[str, ...] = ()  # empty: any target (listen on loopback then!)
+    allow_any_target: bool = False  # beyond loopback without allow_targets: only if this is true
+    max_concurrent_probes: int = 64  # probes read at once (threads); more wait, then 503
+    max_connections: int = 1024     # client connections open at once
+    read_timeout: float = 5.0       # a request head must arrive within this
     api_key: str | None = field(default=None, repr=False)  # api_key_file: the default for every target
     targets: tuple[TargetSettings, ...] = ()
     # The bounded check behind /livez and /readyz (hangwatch.liveness).
@@ -37,15 +45,28 @@ class ExporterConfig:
     liveness_timeout: float = liveness.TIMEOUT
     liveness_budget: float = liveness.BUDGET
 
+    def __post_init__(self):
+        object.__setattr__(self, "_allowed", frozenset(self.allow_targets))
+        object.__setattr__(self, "_settings", {t.url: t for t in self.targets})
+
     def allows(self, target: str) -> bool:
-        return not self.allow_targets or target.rstrip("/") in self.allow_targets
+        return not self.allow_targets or target.rstrip("/") in self._allowed
 
     def options_for(self, target: str, probe: str | None = None) -> Options:
         """The API key (the target's own, else the default) and probe kind for one target URL."""
-        settings = next((t for t in self.targets if t.url == target.rstrip("/")), None)
+        settings = self._settings.get(target.rstrip("/"))
         api_key = settings.api_key if settings and settings.api_key else self.api_key
         kind = probe or (settings.probe if settings and settings.probe else PROBE_AUTO)
-        return Options(api_key=api_key, probe=kind, version=True)
+        return Options(api_key=api_key, probe=kind)
+
+
+def _count(data, key: str, default: int, low: int, high: int) -> int:
+    if key not in data:
+        return default
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{key}: expected a whole number from {low} to {high}, got {show(value)}")
+    return value
 
 
 def probe_kind(value: Any, path: str) -> str:
@@ -65,8 +86,7 @@ def _target_settings(raw: Any, path: str) -> TargetSettings:
 def exporter_config(data: Any) -> ExporterConfig:
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {show(data)}")
-    data = mapping(data, "", {"timeout", "timeout_offset", "allow_targets", "api_key_file", "targets",
-                              "liveness_interval", "liveness_timeout", "liveness_budget"})
+    data = mapping(data, "", KEYS)
     defaults = ExporterConfig()
     timeout = defaults.timeout
     if "timeout" in data:
@@ -74,6 +94,9 @@ def exporter_config(data: Any) -> ExporterConfig:
     offset = defaults.timeout_offset
     if "timeout_offset" in data:
         offset = duration(data["timeout_offset"], "timeout_offset", high=3600)
+    read_timeout = defaults.read_timeout
+    if "read_timeout" in data:
+        read_timeout = duration(data["read_timeout"], "read_timeout", low=0.1, high=300)
     targets = data.get("allow_targets", [])
     if not isinstance(targets, list):
         raise ConfigError("allow_targets: expected a list of URLs")
@@ -96,6 +119,11 @@ def exporter_config(data: Any) -> ExporterConfig:
         timeout=timeout,
         timeout_offset=offset,
         allow_targets=tuple(http_url(t, f"allow_targets[{i}]", allow_path=True) for i, t in enumerate(targets)),
+        allow_any_target=boolean(data["allow_any_target"], "allow_any_target")
+        if "allow_any_target" in data else defaults.allow_any_target,
+        max_concurrent_probes=_count(data, "max_concurrent_probes", defaults.max_concurrent_probes, 1, 4096),
+        max_connections=_count(data, "max_connections", defaults.max_connections, 16, 1_000_000),
+        read_timeout=read_timeout,
         api_key=secret_file(data["api_key_file"], "api_key_file") if "api_key_file" in data else None,
         targets=settings,
         liveness_interval=interval,

@@ -1,33 +1,55 @@
 """The exporter's HTTP face: ``/probe?target=&module=``, ``/metrics`` and a small index.
 
-The blackbox_exporter pattern: each ``/probe`` builds a fresh registry for one target, so
-nothing is shared between scrapes or between Prometheus replicas. A bad request is 400, a
-target outside the allowlist 403; a failing target is still 200 with ``hangwatch_up 0``.
-It listens on loopback by default because ``/probe`` sends requests wherever it is told.
+The blackbox_exporter pattern: each ``/probe`` reads its one target afresh, so no reading is
+shared between scrapes or between Prometheus replicas. A bad request is 400, a target
+outside the allowlist 403; a failing target is still 200 with ``hangwatch_up 0``.
+
+``/probe`` sends requests wherever it is told, so it is no open relay: a target is
+``scheme://host[:port]`` only (a base path only when that exact URL is in ``allow_targets``;
+never credentials, a query or a fragment), and listening beyond loopback needs
+``allow_targets`` or an explicit ``allow_any_target: true`` (exit 64 at start-up otherwise).
+
+It serves thousands of backends from one process (bench/bench_exporter_scale.py): the
+server is ``hangwatch.httpserver.BoundedHTTPServer`` (one event loop for every connection,
+probes on at most ``max_concurrent_probes`` threads), a probe reuses an idle keep-alive
+connection (``hangwatch.fetch.Client``), an engine's version is asked once per process
+(``reuse.VersionCache``), and the text format is rendered directly (``collector.render``).
+
+A probe that cannot start within half its scrape budget — every worker busy — is answered
+503 at that moment, not 200 with ``hangwatch_up 0``: the backend was never asked, and
+``up 0`` would tell the rules it is down or stalled (twice in a row reads as hung). A 503
+is a failed scrape: Prometheus marks the target's series stale and the rules see a gap,
+which is no verdict, while ``hangwatch_exporter_probes_total{code="503"}`` tells people.
+
+To add a route, add a row to ``routes()``: a handler ``Request -> Response``, ``inline``
+when it never blocks, else it runs on a probe worker under the same limit.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
+import resource
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .collector import BackendCollector
 from hangwatch.fetch import Client
-from hangwatch.httpserver import QuietThreadingHTTPServer
+from hangwatch.httpserver import BoundedHTTPServer, Request, Response, Route
 from hangwatch.modules import MODULES as OBSERVERS
 from hangwatch.observation import PROBE_KINDS
 from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
 
+from .collector import BackendCollector, render
 from .config import ExporterConfig, load_exporter_config
 from .health import answer_health, shared_checks
+from .reuse import VersionCache
 
-# Keep-alive connections to the backends, shared by every scrape (the same backends are read
-# every scrape interval; a new TCP connection per scrape is wasted work on both sides).
-CLIENT = Client(max_idle=256)
+# Idle keep-alive connections kept to the backends (LRU): the same backends are read every
+# scrape interval, and a new TCP connection per scrape is wasted work on both sides.
+IDLE_CONNECTIONS = 256
 
 log = logging.getLogger("hangwatch.exporter")
 
@@ -44,6 +66,7 @@ INDEX = b"""<html><head><title>hangwatch exporter</title></head><body>
 <li>/readyz?target=...&amp;module=... (503 unless it can take work now: a readiness probe)</li></ul>
 </body></html>
 """
+TEXT = "text/plain; charset=utf-8"
 
 
 def scrape_budget(header: str | None, config: ExporterConfig) -> float:
@@ -55,77 +78,186 @@ def scrape_budget(header: str | None, config: ExporterConfig) -> float:
     return max(0.2, budget if budget == budget else config.timeout)
 
 
-def answer_probe(query: str, timeout_header: str | None, config: ExporterConfig) -> tuple[int, str, bytes]:
-    params = parse_qs(query, keep_blank_values=True)
-    targets, modules = params.get("target", []), params.get("module", ["backend"])
-    probes = params.get("probe", [""])
-    if len(targets) != 1 or len(modules) != 1 or len(probes) != 1:
-        return 400, "text/plain", b"exactly one target= (and at most one module= and probe=) is required\n"
-    module = modules[0] or "backend"
-    if module not in OBSERVERS:
-        return 400, "text/plain", f"unknown module {module!r} (known: {', '.join(OBSERVERS)})\n".encode()
-    probe = probes[0] or None
-    if probe is not None and probe not in PROBE_KINDS:
-        return 400, "text/plain", f"unknown probe {probe!r} (known: {', '.join(PROBE_KINDS)})\n".encode()
+def probe_target(text: str, config: ExporterConfig) -> tuple[int, str]:
+    """(0, target) or (HTTP code, why not): ``scheme://host[:port]``, a path only if allowlisted."""
     try:
-        target = http_url(targets[0], "target")
+        target = http_url(text, "target", allow_path=True)
     except ConfigError as exc:
-        return 400, "text/plain", f"{exc}\n".encode()
+        if "@" in text.split("/", 3)[2 if text.count("/") >= 2 else 0]:  # never echo a password back
+            return 400, "target: must not carry credentials (user:password@)"
+        return 400, str(exc)
     if not config.allows(target):
-        return 403, "text/plain", b"target is not in the exporter's allow_targets\n"
-    registry = CollectorRegistry(auto_describe=False)
-    collector = BackendCollector(target, module, scrape_budget(timeout_header, config),
-                                 config.options_for(target, probe), CLIENT)
-    registry.register(collector)
-    body = generate_latest(registry)
-    observation = collector.last_observation
-    log.debug("probe target=%s module=%s status=%s", target, module, observation and observation.status)
-    return 200, CONTENT_TYPE_LATEST, body
+        return 403, "target is not in the exporter's allow_targets"
+    if target.split("://", 1)[1].find("/") != -1 and target not in config.allow_targets:
+        return 400, (f"target: {text[:60]!r} must be http(s)://HOST[:PORT] without a path "
+                     "(a base path only when that exact URL is in allow_targets)")
+    return 0, target
 
 
-def make_handler(config: ExporterConfig):
+class Prober:
+    """Answers ``/probe``: the target read within the scrape budget, rendered as text."""
+
+    def __init__(self, config: ExporterConfig):
+        self.config = config
+        self.client = Client(max_idle=IDLE_CONNECTIONS)
+        self.versions = VersionCache()
+
+    def answer(self, query: str, timeout_header: str | None, waited: float = 0.0) -> tuple[int, str, bytes]:
+        params = parse_qs(query, keep_blank_values=True)
+        targets, modules = params.get("target", []), params.get("module", ["backend"])
+        probes = params.get("probe", [""])
+        if len(targets) != 1 or len(modules) != 1 or len(probes) != 1:
+            return 400, TEXT, b"exactly one target= (and at most one module= and probe=) is required\n"
+        module = modules[0] or "backend"
+        if module not in OBSERVERS:
+            return 400, TEXT, f"unknown module {module[:40]!r} (known: {', '.join(OBSERVERS)})\n".encode()
+        probe = probes[0] or None
+        if probe is not None and probe not in PROBE_KINDS:
+            return 400, TEXT, f"unknown probe {probe[:20]!r} (known: {', '.join(PROBE_KINDS)})\n".encode()
+        code, target = probe_target(targets[0], self.config)
+        if code:
+            return code, TEXT, f"{target}\n".encode()
+        # The budget counts from the request's arrival: time spent waiting for a worker is spent.
+        budget = max(0.1, scrape_budget(timeout_header, self.config) - waited)
+        collector = BackendCollector(target, module, budget, self.config.options_for(target, probe), self.client,
+                                     versions=self.versions)
+        body = render(collector.collect())
+        observation = collector.last_observation
+        log.debug("probe target=%s module=%s status=%s", target, module, observation and observation.status)
+        return 200, CONTENT_TYPE_LATEST, body
+
+    def route(self, request: Request) -> Response:
+        waited = time.monotonic() - request.received
+        code, content_type, body = self.answer(
+            request.query, request.headers.get("x-prometheus-scrape-timeout-seconds"), waited)
+        PROBES.labels(_module_label(request.query), str(code)).inc()
+        PROBE_SECONDS.observe(time.monotonic() - request.received)
+        return Response(code, content_type, body)
+
+    def start_within(self, request: Request) -> float:
+        """A probe may wait for a worker up to half its budget; the rest is the reading's."""
+        return scrape_budget(request.headers.get("x-prometheus-scrape-timeout-seconds"), self.config) / 2
+
+    def overloaded(self, request: Request) -> Response:
+        PROBES.labels(_module_label(request.query), "503").inc()
+        return Response(503, TEXT, b"overloaded: every probe worker is busy (max_concurrent_probes); "
+                                   b"not a verdict on the target\n")
+
+
+def answer_probe(query: str, timeout_header: str | None, config: ExporterConfig) -> tuple[int, str, bytes]:
+    """One /probe answer outside the server (a fresh Prober: nothing reused)."""
+    return Prober(config).answer(query, timeout_header)
+
+
+def _module_label(query: str) -> str:
+    module = (parse_qs(query).get("module") or ["backend"])[0] or "backend"
+    return module if module in OBSERVERS else "invalid"
+
+
+def own_metrics(request: Request) -> Response:
+    return Response(200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY))
+
+
+def index(request: Request) -> Response:
+    return Response(200, "text/html; charset=utf-8", INDEX)
+
+
+def health_route(endpoint: str, config: ExporterConfig, checks) -> Route:
+    """``/livez`` or ``/readyz``: one bounded check per target, shared by concurrent callers.
+    Overloaded (no worker free at once), liveness says alive — a restart needs proof of a hang —
+    and readiness says not ready."""
+    def handler(request: Request) -> Response:
+        return Response(*answer_health(endpoint, request.query, config, checks))
+
+    def overloaded(request: Request) -> Response:
+        code = 200 if endpoint == "livez" else 503
+        return Response(code, TEXT, b"overloaded: no worker free to check; not a verdict on the target\n")
+    return Route(handler, start_within=lambda request: config.liveness_budget / 4, overloaded=overloaded)
+
+
+def routes(config: ExporterConfig, prober: Prober) -> dict[str, Route]:
     checks = shared_checks(config)  # /livez and /readyz share one bounded check per target
-
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "hangwatch-exporter"
-
-        def do_GET(self):
-            url = urlsplit(self.path)
-            started = time.monotonic()
-            if url.path == "/probe":
-                code, content_type, body = answer_probe(
-                    url.query, self.headers.get("X-Prometheus-Scrape-Timeout-Seconds"), config)
-                module = parse_qs(url.query).get("module", ["backend"])[0]
-                PROBES.labels(module if module in OBSERVERS else "invalid", str(code)).inc()
-                PROBE_SECONDS.observe(time.monotonic() - started)
-            elif url.path in ("/livez", "/readyz"):
-                code, content_type, body = answer_health(url.path[1:], url.query, config, checks)
-            elif url.path == "/metrics":
-                code, content_type, body = 200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY)
-            elif url.path == "/":
-                code, content_type, body = 200, "text/html; charset=utf-8", INDEX
-            else:
-                code, content_type, body = 404, "text/plain", b"not found\n"
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, fmt, *args):
-            log.debug("%s " + fmt, self.address_string(), *args)
-
-    return Handler
+    return {
+        "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded),
+        "/livez": health_route("livez", config, checks),
+        "/readyz": health_route("readyz", config, checks),
+        "/metrics": Route(own_metrics, inline=True),
+        "/": Route(index, inline=True),
+    }
 
 
-def make_server(listen: str, config: ExporterConfig) -> ThreadingHTTPServer:
-    return QuietThreadingHTTPServer(listen_address(listen), make_handler(config))
+class _ServerCollector:
+    """The servers' own counters as series (the server module imports no metrics library)."""
+
+    def __init__(self):
+        self.servers: list[BoundedHTTPServer] = []
+
+    def collect(self):
+        stats = [s.stats for s in self.servers]
+        yield GaugeMetricFamily("hangwatch_exporter_connections_open", "Client connections open now.",
+                                value=sum(s.connections_open for s in stats))
+        yield GaugeMetricFamily("hangwatch_exporter_probes_running", "Probes being answered now.",
+                                value=sum(s.work_running for s in stats))
+        yield GaugeMetricFamily("hangwatch_exporter_probes_waiting", "Probes waiting for a free worker.",
+                                value=sum(s.work_waiting for s in stats))
+        dropped = CounterMetricFamily(
+            "hangwatch_exporter_connections_dropped",
+            "Client connections closed by the exporter: read_timeout (no complete request in time), "
+            "evicted (room made for a new one), refused (at max_connections), bad_request.", labels=["reason"])
+        for reason in ("read_timeout", "evicted", "refused", "bad_request"):
+            dropped.add_metric([reason], float(sum(s.dropped[reason] for s in stats)))
+        yield dropped
+
+
+SERVERS = _ServerCollector()
+REGISTRY.register(SERVERS)
+
+
+def make_server(listen: str, config: ExporterConfig) -> BoundedHTTPServer:
+    prober = Prober(config)
+    server = BoundedHTTPServer(listen_address(listen), routes(config, prober),
+                               max_connections=config.max_connections, read_timeout=config.read_timeout,
+                               workers=config.max_concurrent_probes, name="hangwatch-exporter")
+    SERVERS.servers = [s for s in SERVERS.servers if s.socket.fileno() != -1] + [server]
+    return server
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def check_exposure(listen: str, config: ExporterConfig) -> None:
+    """Beyond loopback, /probe must not read any URL anyone sends it unless that is chosen."""
+    host, _ = listen_address(listen)
+    if not is_loopback(host) and not config.allow_targets and not config.allow_any_target:
+        raise ConfigError(
+            f"allow_targets: required when listening on {listen} (not loopback): /probe would read any URL "
+            "anyone who reaches it sends; list the backends in allow_targets, or set allow_any_target: true")
+
+
+def raise_fd_limit(config: ExporterConfig) -> None:
+    """Room for every allowed connection, idle backend connection and probe (the soft limit is often 1024)."""
+    needed = config.max_connections + IDLE_CONNECTIONS + 2 * config.max_concurrent_probes + 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        new = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < needed:
+            log.warning("only %d file descriptors (hard limit); max_connections %d needs about %d",
+                        new, config.max_connections, needed)
 
 
 def main(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config = load_exporter_config(args.config)
+        check_exposure(args.listen, config)
+        raise_fd_limit(config)
         server = make_server(args.listen, config)
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch exporter: {exc}\n")
@@ -134,8 +266,8 @@ def main(args) -> int:
         sys.stderr.write(f"hangwatch exporter: cannot listen on {args.listen}: {exc.strerror}\n")
         return EXIT_CONFIG
     host, port = server.server_address[:2]
-    log.info("listening on http://%s:%s (allow_targets: %s)", host, port,
-             ", ".join(config.allow_targets) or "any")
+    log.info("listening on http://%s:%s (allow_targets: %s; max_connections %d, max_concurrent_probes %d)",
+             host, port, _allowed(config), config.max_connections, config.max_concurrent_probes)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -143,3 +275,10 @@ def main(args) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def _allowed(config: ExporterConfig) -> str:
+    if config.allow_targets:
+        return f"{len(config.allow_targets)} URL(s)"
+    return "any (allow_any_target)" if config.allow_any_target else "any (loopback only)"
+

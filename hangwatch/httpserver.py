@@ -1,15 +1,460 @@
-"""A threading HTTP server that treats a client hanging up as normal, not as an error.
+"""HTTP servers for hangwatch's own faces: one that holds up under load and hostile peers,
+and a plain threading one for the simulator.
 
-Prometheus gives up on a slow scrape and tests close connections early; the standard
-server prints a traceback for each broken pipe, which buries the logs worth reading.
+``BoundedHTTPServer`` is what the exporter runs. A thread per connection (the standard
+library's server) lets any client hold a thread for as long as it likes by sending its
+request slowly, and its listen backlog of 5 drops connections when a Prometheus restart
+scrapes a thousand targets at once. Here instead:
+
+- one asyncio loop reads every connection, so a half-open or idle connection costs a socket
+  and a few kilobytes, never a thread; a request head must arrive within ``read_timeout``
+  and fit in ``MAX_HEAD_BYTES``, an idle keep-alive connection is closed after
+  ``IDLE_TIMEOUT``;
+- at most ``max_connections`` are open: a new one first evicts the oldest connection that is
+  not being answered (idle, or still sending its head), else it is refused;
+- routes that block (they read a backend) run on at most ``workers`` threads; a request that
+  cannot start within the time its route allows is answered 503 at that moment (the route
+  says how long: a scrape's answer is useless after Prometheus' timeout). Cheap routes
+  (``inline``) are answered on the loop itself, so they answer even when every worker waits
+  on a stalled backend.
+- HTTP/1.1 keep-alive, so a scraper reuses its connections; GET only, no request bodies.
+
+The server knows nothing about the exporter: it maps paths to ``Route`` objects, and a route
+maps a ``Request`` to a ``Response``. It imports nothing outside the standard library.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
+import socket
 import sys
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import ThreadingHTTPServer
+from typing import Callable, Mapping
+from urllib.parse import urlsplit
+
+log = logging.getLogger("hangwatch.httpserver")
+
+MAX_HEAD_BYTES = 16384      # request line and headers; Prometheus sends ~300 bytes
+MAX_HEADERS = 100
+IDLE_TIMEOUT = 120.0        # an idle keep-alive connection (Prometheus keeps them 5 min)
+LISTEN_BACKLOG = 4096       # the kernel caps it at net.core.somaxconn
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]        # names in lower case
+    received: float                   # time.monotonic() when the head was complete
+    client: str = ""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    content_type: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Route:
+    """``handler(request) -> Response``. ``inline``: cheap and never blocks (answered on the
+    loop). Otherwise it runs on a worker thread, and must start within ``start_within(request)``
+    seconds of arriving or be answered ``overloaded(request)`` instead."""
+
+    handler: Callable[[Request], Response]
+    inline: bool = False
+    start_within: Callable[[Request], float] = lambda request: 5.0
+    overloaded: Callable[[Request], Response] = lambda request: Response(
+        503, "text/plain; charset=utf-8", b"overloaded: no worker free in time\n")
+
+
+@dataclass
+class ServerStats:
+    """Counters a face can export (this module imports no metrics library)."""
+
+    connections_open: int = 0
+    work_admitted: int = 0   # blocking requests handed to the workers and not yet answered
+    work_running: int = 0    # of which a worker is running now
+    dropped: dict[str, int] = field(default_factory=lambda: {
+        "read_timeout": 0, "evicted": 0, "refused": 0, "bad_request": 0})
+    shed: int = 0      # work answered 503 because no worker was free in time
+
+    @property
+    def work_waiting(self) -> int:
+        return max(0, self.work_admitted - self.work_running)
+
+
+def _plain(status: int, text: str) -> Response:
+    return Response(status, "text/plain; charset=utf-8", text.encode())
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, text: str):
+        super().__init__(text)
+        self.status, self.text = status, text
+
+
+def parse_head(head: bytes) -> tuple[str, str, str, dict[str, str], bool]:
+    """(method, path, query, headers, keep_alive) from a request head without its blank line."""
+    try:
+        text = head.decode("latin-1")
+    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
+        raise _BadRequest(400, "bad request") from None
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise _BadRequest(400, "bad request line")
+    method, target, version = parts
+    if len(lines) - 1 > MAX_HEADERS:
+        raise _BadRequest(431, "too many headers")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or line[0] in " \t":
+            raise _BadRequest(400, "malformed header")
+        headers[name.lower()] = value.strip()
+    if "transfer-encoding" in headers or headers.get("content-length", "0") not in ("0", ""):
+        raise _BadRequest(400, "request bodies are not accepted")
+    if not target.startswith("/"):
+        raise _BadRequest(400, "bad request target")
+    url = urlsplit(target)
+    connection = headers.get("connection", "").lower()
+    keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+    return method, url.path, url.query, headers, keep_alive
+
+
+def encode(response: Response, keep_alive: bool, with_body: bool = True) -> bytes:
+    try:
+        reason = HTTPStatus(response.status).phrase
+    except ValueError:
+        reason = "Status"
+    head = [f"HTTP/1.1 {response.status} {reason}", f"Content-Type: {response.content_type}",
+            f"Content-Length: {len(response.body)}"]
+    head += [f"{name}: {value}" for name, value in response.headers]
+    if not keep_alive:
+        head.append("Connection: close")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (response.body if with_body else b"")
+
+
+class BoundedHTTPServer:
+    """An HTTP/1.1 server with bounded connections, threads and waits (see the module doc).
+
+    The socketserver-like surface (``server_address``, ``serve_forever``, ``shutdown``,
+    ``server_close``): binds in the constructor, so a bad address fails before anything runs.
+    """
+
+    def __init__(self, address: tuple[str, int], routes: Mapping[str, Route], *, max_connections: int = 1024,
+                 read_timeout: float = 5.0, workers: int = 64, name: str = "hangwatch"):
+        self.routes = dict(routes)
+        self.max_connections, self.read_timeout, self.workers = max_connections, read_timeout, workers
+        self.stats = ServerStats()
+        self.name = name
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind(address)
+            self.socket.listen(LISTEN_BACKLOG)
+        except OSError:
+            self.socket.close()
+            raise
+        self.socket.setblocking(False)
+        self.server_address = self.socket.getsockname()[:2]
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-worker")
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stopped = threading.Event()
+        self._running = threading.Event()
+        self._entered = False
+        self.evictable: OrderedDict[_Connection, None] = OrderedDict()  # oldest first
+        self.connections: set[_Connection] = set()
+        self._running_lock = threading.Lock()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        self._stopped.clear()
+        self._entered = True
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop ``serve_forever`` (from another thread) and wait until it has returned."""
+        if not self._entered:
+            return
+        self._running.wait(10)
+        loop, stop = self.loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:
+                pass
+            self._stopped.wait(10)
+
+    def server_close(self) -> None:
+        self.socket.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await self.loop.create_server(lambda: _Connection(self), sock=self.socket, backlog=LISTEN_BACKLOG)
+        self._running.set()
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            for connection in list(self.connections):
+                connection.abort()
+            self._running.clear()
+
+    # -- bookkeeping the connections use --------------------------------------------------------
+    def admit(self, connection: "_Connection") -> bool:
+        """Room for one more connection: evict the oldest one nobody is answered on, if need be."""
+        if len(self.connections) >= self.max_connections:
+            while self.evictable:
+                oldest, _ = self.evictable.popitem(last=False)
+                if not oldest.closed:
+                    self.stats.dropped["evicted"] += 1
+                    oldest.abort()
+                    break
+            else:
+                self.stats.dropped["refused"] += 1
+                return False
+        self.connections.add(connection)
+        self.stats.connections_open = len(self.connections)
+        return True
+
+    def forget(self, connection: "_Connection") -> None:
+        self.connections.discard(connection)
+        self.evictable.pop(connection, None)
+        self.stats.connections_open = len(self.connections)
+
+    def answer_inline(self, request: Request) -> Response | Route:
+        """The response for a request that needs no worker, or the route that does."""
+        if request.method != "GET":
+            return Response(405, "text/plain; charset=utf-8", b"only GET\n", (("Allow", "GET"),))
+        route = self.routes.get(request.path)
+        if route is None:
+            return _plain(404, "not found\n")
+        if not route.inline:
+            return route
+        return self.call(route, request)
+
+    def call(self, route: Route, request: Request) -> Response:
+        try:
+            return route.handler(request)
+        except Exception:
+            log.exception("%s: %s %s failed", self.name, request.method, request.path)
+            return _plain(500, "internal error (logged)\n")
+
+    def run_work(self, route: Route, request: Request) -> Response:
+        """On a worker thread."""
+        stats = self.stats
+        with self._running_lock:
+            stats.work_running += 1
+        try:
+            return self.call(route, request)
+        finally:
+            with self._running_lock:
+                stats.work_running -= 1
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: read a head (within read_timeout), answer, repeat (keep-alive)."""
+
+    def __init__(self, server: BoundedHTTPServer):
+        self.server = server
+        self.loop = server.loop
+        self.buffer = b""
+        self.busy = False          # a request is being answered: not evictable, not reading
+        self.closed = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.reading_head = False  # bytes of a head have arrived (read_timeout applies)
+        self.client = ""
+        self.job = None
+        self.shed_timer: asyncio.TimerHandle | None = None
+        self.keep_alive_after = True   # False once the client has half-closed
+
+    # -- asyncio.Protocol -----------------------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        if not self.server.admit(self):
+            self.closed = True
+            transport.abort()
+            return
+        peer = transport.get_extra_info("peername")
+        self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+        self._wait_for_head(self.server.read_timeout, counted=True)
+
+    def data_received(self, data: bytes):
+        if self.closed:
+            return
+        self.buffer += data
+        if self.busy:
+            if len(self.buffer) > MAX_HEAD_BYTES:  # pipelining past any sane head: stop reading
+                self.transport.pause_reading()
+            return
+        if not self.reading_head:
+            self.reading_head = True
+            self._arm(self.server.read_timeout, counted=True)
+        self._try_request()
+
+    def eof_received(self):
+        """The client finished sending (a half-close): answer what it asked, then close."""
+        self.keep_alive_after = False
+        return self.busy  # True keeps the transport open until the answer is written
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self._disarm()
+        if self.job is not None and self.job.cancel():  # still queued: it never runs
+            self._end_job()
+        self.server.forget(self)
+
+    def pause_writing(self):  # the client does not read its answers
+        self._arm(self.server.read_timeout, counted=False)
+
+    def resume_writing(self):
+        if self.busy:
+            self._disarm()
+
+    # -- the request cycle ------------------------------------------------------------------------
+    def _wait_for_head(self, timeout: float, counted: bool):
+        self.busy = False
+        self.reading_head = bool(self.buffer)
+        self.server.evictable[self] = None
+        self._arm(self.server.read_timeout if self.buffer else timeout, counted=counted or bool(self.buffer))
+        if self.buffer:
+            self._try_request()
+
+    def _try_request(self):
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buffer) > MAX_HEAD_BYTES:
+                self._fail(431, "request head too large")
+            return
+        if end > MAX_HEAD_BYTES:
+            self._fail(431, "request head too large")
+            return
+        head, self.buffer = self.buffer[:end], self.buffer[end + 4:]
+        try:
+            method, path, query, headers, keep_alive = parse_head(head)
+        except _BadRequest as bad:
+            self._fail(bad.status, bad.text)
+            return
+        self._disarm()
+        self.busy, self.reading_head = True, False
+        self.server.evictable.pop(self, None)
+        self.transport.pause_reading()
+        self.keep_alive = keep_alive
+        request = Request(method, path, query, headers, time.monotonic(), self.client)
+        answer = self.server.answer_inline(request)
+        if isinstance(answer, Response):
+            self._respond(answer)
+        else:
+            self._submit(answer, request)
+
+    def _submit(self, route: Route, request: Request):
+        server, loop = self.server, self.loop
+        job = server.executor.submit(server.run_work, route, request)
+        server.stats.work_admitted += 1
+        wait = max(0.0, route.start_within(request) - (time.monotonic() - request.received))
+        self.job = job
+        self.shed_timer = loop.call_later(wait, self._shed, route, request)
+        job.add_done_callback(lambda done: done.cancelled() or loop.call_soon_threadsafe(self._finished, done))
+
+    def _shed(self, route: Route, request: Request):
+        """No worker took the job within the route's wait: it never runs; answer overloaded."""
+        self.shed_timer = None
+        if self.job is not None and self.job.cancel():
+            self._end_job()
+            self.server.stats.shed += 1
+            if not self.closed:
+                try:
+                    response = route.overloaded(request)
+                except Exception:
+                    log.exception("%s: overloaded answer failed", self.server.name)
+                    response = _plain(503, "overloaded\n")
+                self._respond(response)
+
+    def _finished(self, job):
+        if job is not self.job:
+            return
+        self._end_job()
+        if self.closed:
+            return
+        try:
+            response = job.result()
+        except Exception:  # run_work answers 500 for a route's errors; this is the server's own
+            log.exception("%s: worker failed", self.server.name)
+            response = _plain(500, "internal error (logged)\n")
+        self._respond(response)
+
+    def _end_job(self):
+        self.job = None
+        self.server.stats.work_admitted -= 1
+        if self.shed_timer is not None:
+            self.shed_timer.cancel()
+            self.shed_timer = None
+
+    def _respond(self, response: Response):
+        self.keep_alive = self.keep_alive and self.keep_alive_after
+        self.transport.write(encode(response, self.keep_alive))
+        if not self.keep_alive:
+            self.closed = True
+            self.transport.close()
+            return
+        self.transport.resume_reading()
+        self._wait_for_head(IDLE_TIMEOUT, counted=False)
+
+    def _fail(self, status: int, text: str):
+        self.server.stats.dropped["bad_request"] += 1
+        self.transport.write(encode(_plain(status, text + "\n"), keep_alive=False))
+        self.closed = True
+        self._disarm()
+        self.transport.close()
+
+    # -- timers -----------------------------------------------------------------------------------
+    def _arm(self, timeout: float, counted: bool):
+        self._disarm()
+        self.timer = self.loop.call_later(timeout, self._timed_out, counted)
+
+    def _disarm(self):
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _timed_out(self, counted: bool):
+        self.timer = None
+        if counted:
+            self.server.stats.dropped["read_timeout"] += 1
+        self.abort()
+
+    def abort(self):
+        if not self.closed:
+            self.closed = True
+            self.transport.abort()
 
 
 class QuietThreadingHTTPServer(ThreadingHTTPServer):
+    """The standard threading server, treating a client hanging up as normal, not as an error.
+
+    Prometheus gives up on a slow scrape and tests close connections early; the standard
+    server prints a traceback for each broken pipe, which buries the logs worth reading.
+    Used by the simulator; the exporter runs ``BoundedHTTPServer``.
+    """
+
     daemon_threads = True
 
     def handle_error(self, request, client_address):

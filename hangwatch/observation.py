@@ -57,11 +57,10 @@ class Options:
     engine: str | None = None      # skip detection: vllm | llamacpp | sglang | tgi
     api_key: str | None = None     # the backend's own API key, sent as a Bearer token to it only
     probe: str = PROBE_AUTO        # auto | completion | embedding | none
-    version: bool = False          # also ask the engine's version (the exporter's info series)
 
     def __repr__(self) -> str:  # never print the key
         return (f"Options(engine={self.engine!r}, api_key={'set' if self.api_key else None}, "
-                f"probe={self.probe!r}, version={self.version})")
+                f"probe={self.probe!r})")
 
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

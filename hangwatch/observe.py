@@ -92,12 +92,9 @@ def engine_version(client: Client, url: str, engine: str, deadline: Deadline, op
 
 def observe_backend(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
                     clock: Callable[[], float] = time.monotonic) -> Observation:
-    """An engine: its /metrics, the idle probe when due, then (if asked) its version with what time is left."""
-    observation = observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock)
-    if observation.reading is not None and options.version:
-        version = engine_version(client, url.rstrip("/"), observation.reading.engine, deadline, options)
-        observation = replace(observation, reading=replace(observation.reading, version=version))
-    return observation
+    """An engine: its /metrics, and the idle probe when due. (Its version, for the exporter's
+    info series, is ``engine_version``'s: the exporter asks it once per process, not per reading.)"""
+    return observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock)
 
 
 def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,

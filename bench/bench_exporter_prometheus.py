@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""A real Prometheus scraping 1,000 backends through one exporter, with the shipped rules.
+
+The fleet (``bench/fleet.py``, busy vLLM pages on 1,000 ports of one process) is listed in
+a file_sd file, one target per backend (``target`` label b0000...), relabelled onto the
+exporter as in ``examples/fleet/prometheus-file-sd.yml``; Prometheus (Debian's, started here
+as in tests/e2e) scrapes every 15 s with a 10 s timeout and evaluates ``rules/*.yml`` (3 s
+groups). Measured after ``--minutes``: failed scrapes (``up`` 0), scrape durations, every
+rule group's evaluation time (``prometheus_rule_group_last_duration_seconds``, from
+Prometheus scraping itself) and missed iterations, the exporter's CPU and memory.
+
+    python bench/bench_exporter_prometheus.py [--backends 1000] [--minutes 3] [--exporter-ref COMMIT]
+
+Run under ``flock /tmp/hw/heavy.lock``.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from processes import Exporter, Fleet, raise_fd_limit  # noqa: E402
+from procstat import loadavg, sample  # noqa: E402
+from tests.e2e.stack import Process, free_port, start_prometheus  # noqa: E402
+
+RULES = sorted((ROOT / "rules").glob("*.yml"))
+
+
+def prometheus_config(workdir: Path, exporter_port: int, prom_port: int, sd_file: Path) -> dict:
+    return {
+        "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
+        "rule_files": [str(p) for p in RULES],
+        "scrape_configs": [
+            {"job_name": "hangwatch", "metrics_path": "/probe", "scrape_interval": "15s", "scrape_timeout": "10s",
+             "file_sd_configs": [{"files": [str(sd_file)], "refresh_interval": "1m"}],
+             "relabel_configs": [
+                 {"source_labels": ["__param_module"], "regex": "", "target_label": "__param_module",
+                  "replacement": "backend"},
+                 {"source_labels": ["__address__"], "target_label": "__param_target"},
+                 {"source_labels": ["__param_target"], "target_label": "instance"},
+                 {"target_label": "__address__", "replacement": f"127.0.0.1:{exporter_port}"}]},
+            {"job_name": "hangwatch_exporter", "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]},
+            {"job_name": "prometheus", "scrape_interval": "5s",
+             "static_configs": [{"targets": [f"127.0.0.1:{prom_port}"]}]},
+        ],
+    }
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (a timeout, Ctrl-C's cousin) runs the finally blocks that stop every process."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="real Prometheus, 1,000 backends, one exporter")
+    parser.add_argument("--backends", type=int, default=1000)
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--exporter-ref", default=None)
+    args = parser.parse_args(argv)
+    raise_fd_limit()
+    _exit_on_sigterm()
+    print(f"exporter: {args.exporter_ref or 'this tree'}; {args.backends} backends, {args.minutes:g} min; "
+          f"load before: {loadavg()}", flush=True)
+    fleet = Fleet(args.backends)
+    processes: list[Process] = []
+    with tempfile.TemporaryDirectory(prefix="hangwatch-bench-prom-") as tmp:
+        workdir = Path(tmp)
+        exporter = Exporter(workdir, "", args.exporter_ref)
+        try:
+            sd_file = workdir / "targets.yml"
+            sd_file.write_text(yaml.safe_dump([
+                {"targets": [url], "labels": {"target": f"b{i:04d}"}} for i, url in enumerate(fleet.urls())]))
+            port = free_port()
+
+            def spawn(name, argv):
+                process = Process(name, argv, workdir / f"{name}.log")
+                processes.append(process)
+                return process
+
+            prom = start_prometheus(spawn, workdir, prometheus_config(workdir, exporter.port, port, sd_file), port)
+            base = f"http://127.0.0.1:{port}"
+            started, cpu0 = time.monotonic(), sample(exporter.pid).cpu
+            prom_cpu0 = sample(prom.popen.pid).cpu
+            time.sleep(args.minutes * 60)
+            elapsed, cpu1 = time.monotonic() - started, sample(exporter.pid).cpu
+            prom_cpu1 = sample(prom.popen.pid).cpu
+            window = f"{int(args.minutes * 60)}s"
+
+            def query(expr: str):
+                answer = requests.get(f"{base}/api/v1/query", params={"query": expr}, timeout=30).json()
+                return answer["data"]["result"]
+
+            def value(expr: str) -> float:
+                result = query(expr)
+                return float(result[0]["value"][1]) if result else float("nan")
+
+            scrapes = value(f'sum(count_over_time(up{{job="hangwatch"}}[{window}]))')
+            succeeded = value(f'sum(sum_over_time(up{{job="hangwatch"}}[{window}]))')
+            targets = value('count(up{job="hangwatch"})')
+            up_backends = value("count(hangwatch_up == 1)")
+            p99 = value(f'quantile(0.99, max_over_time(scrape_duration_seconds{{job="hangwatch"}}[{window}]))')
+            p50 = value(f'quantile(0.5, avg_over_time(scrape_duration_seconds{{job="hangwatch"}}[{window}]))')
+            worst = value(f'max(max_over_time(scrape_duration_seconds{{job="hangwatch"}}[{window}]))')
+            print(f"targets {targets:.0f}, scrapes {scrapes:.0f}, failed {scrapes - succeeded:.0f}; "
+                  f"hangwatch_up 1: {up_backends:.0f}; scrape duration p50 {p50 * 1000:.1f} ms, "
+                  f"p99 of per-target max {p99 * 1000:.1f} ms, max {worst * 1000:.1f} ms")
+            for series in query(f"max_over_time(prometheus_rule_group_last_duration_seconds[{window}])"):
+                group = series["metric"].get("rule_group", "?").split(";")[-1]
+                selector = f'{{rule_group=~".*{group}"}}'
+                missed = value(f"max(prometheus_rule_group_iterations_missed_total{selector})")
+                interval = value(f"max(prometheus_rule_group_interval_seconds{selector})")
+                typical = value(f"quantile_over_time(0.5, prometheus_rule_group_last_duration_seconds{selector}[{window}])")
+                print(f"rule group {group:28} interval {interval:g}s: evaluation median {typical * 1000:7.1f} ms, "
+                      f"slowest {float(series['value'][1]) * 1000:7.1f} ms, missed iterations {missed:.0f}")
+            now = sample(exporter.pid)
+            per_scrape = (cpu1 - cpu0) / max(1.0, succeeded) * 1000
+            print(f"exporter: {(cpu1 - cpu0) / elapsed * 100:.1f}% of a core, {per_scrape:.2f} ms CPU per scrape "
+                  f"(incl. its own /metrics), RSS {now.rss / 2**20:.1f} MB (peak {now.peak_rss / 2**20:.1f}); "
+                  f"Prometheus {(prom_cpu1 - prom_cpu0) / elapsed * 100:.1f}% of a core; load {loadavg()}")
+            ok = targets == args.backends and scrapes - succeeded == 0
+            return 0 if ok else 1
+        finally:
+            for process in reversed(processes):
+                process.stop()
+            exporter.stop()
+            fleet.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""A Prometheus-shaped load on the exporter: many targets, each scraped on its own schedule.
+
+What it copies from Prometheus 2.x (scrape.go, prometheus/common http_config.go): one HTTP
+client per job whose keep-alive pool holds up to 1,000 idle connections to the exporter;
+each target scraped once per interval at its own offset, so a job's targets are spread
+evenly over the interval; the ``X-Prometheus-Scrape-Timeout-Seconds`` header; a scrape
+that has no complete 200 answer within the timeout is a failed scrape. A "burst" is every
+target at the same instant on fresh connections: a Prometheus restart, or several
+replicas starting together.
+
+A scrape also fails when its answer does not say ``hangwatch_up 1``: every backend in the
+benchmark fleet answers, so anything else is the exporter getting it wrong under load.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+MAX_IDLE = 1000  # Prometheus: MaxIdleConnsPerHost
+
+
+@dataclass
+class Result:
+    latencies: list[float] = field(default_factory=list)   # seconds, successful scrapes
+    failures: dict[str, int] = field(default_factory=dict)  # kind -> count
+    started: int = 0
+
+    def fail(self, kind: str) -> None:
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failures.values())
+
+    def quantile(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Scraper:
+    """One job's HTTP client: a keep-alive pool to the exporter, like Go's http.Transport."""
+
+    def __init__(self, host: str, port: int, timeout: float, expect: bytes = b"hangwatch_up 1"):
+        self.host, self.port, self.timeout, self.expect = host, port, timeout, expect
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.connections_opened = 0
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+    async def _connection(self, fresh: bool):
+        while self.idle and not fresh:
+            reader, writer = self.idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer, True
+            writer.close()
+        self.connections_opened += 1
+        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
+        return reader, writer, False
+
+    async def scrape(self, path: str, result: Result, fresh: bool = False) -> None:
+        result.started += 1
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(self._scrape(path, result, fresh, started), self.timeout)
+        except asyncio.TimeoutError:
+            result.fail("timeout")
+
+    async def _scrape(self, path: str, result: Result, fresh: bool, started: float) -> None:
+        try:
+            reader, writer, reused = await self._connection(fresh)
+        except OSError as exc:
+            result.fail(f"connect: {exc.strerror or exc}")
+            return
+        request = (f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nUser-Agent: Prometheus/2.42.0\r\n"
+                   f"Accept: text/plain;version=0.0.4;q=0.2,*/*;q=0.1\r\n"
+                   f"X-Prometheus-Scrape-Timeout-Seconds: {self.timeout:g}\r\n\r\n").encode()
+        keep = False
+        try:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            version, status = lines[0].split(" ")[:2]
+            headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            if "content-length" in headers:
+                body = await reader.readexactly(int(headers["content-length"]))
+            else:
+                body = await reader.read()
+            keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+            # Go retries a request on a reused connection the server closed meanwhile.
+            writer.close()
+            if reused and isinstance(exc, (asyncio.IncompleteReadError, ConnectionResetError)):
+                result.started -= 1
+                await self._scrape(path, result, True, started)
+                return
+            result.fail(f"connection: {type(exc).__name__}")
+            return
+        finally:
+            if not keep:
+                writer.close()
+        if keep and len(self.idle) < MAX_IDLE:
+            self.idle.append((reader, writer))
+        elif keep:
+            writer.close()
+        if status != "200":
+            result.fail(f"HTTP {status}")
+        elif self.expect not in body:
+            result.fail("answer without hangwatch_up 1")
+        else:
+            result.latencies.append(time.monotonic() - started)
+
+
+async def spread(scraper: Scraper, paths: list[str], interval: float, rounds: int,
+                 warmup_rounds: int = 1, on_window=None) -> Result:
+    """Every path once per ``interval``, offsets spread evenly; only the last ``rounds`` count.
+
+    ``on_window()`` is called when the measured rounds begin and again when they have ended.
+    """
+    loop = asyncio.get_running_loop()
+    warm, measured = Result(), Result()
+    begin = loop.time() + 0.2
+    n = len(paths)
+    if on_window is not None:
+        loop.call_at(begin + warmup_rounds * interval, on_window)
+
+    async def target(i: int, path: str):
+        for k in range(warmup_rounds + rounds):
+            at = begin + k * interval + i * interval / n
+            await asyncio.sleep(max(0.0, at - loop.time()))
+            await scraper.scrape(path, warm if k < warmup_rounds else measured)
+
+    await asyncio.gather(*(target(i, p) for i, p in enumerate(paths)))
+    if on_window is not None:
+        on_window()
+    return measured
+
+
+async def burst(scraper: Scraper, paths: list[str]) -> Result:
+    """Every path at once, each on a fresh connection."""
+    scraper.close()
+    result = Result()
+    await asyncio.gather(*(scraper.scrape(p, result, fresh=True) for p in paths))
+    return result
