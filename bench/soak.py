@@ -59,7 +59,7 @@ class Settings:
     window_s: float = 60.0           # the windows the load's numbers are compared over
     warmup_s: float = 30.0
     max_num_seqs: int = 4
-    generators: int = 5              # clients sending long generations back to back
+    generators: int = 6              # clients sending long generations back to back
     prefills: int = 1                # clients sending long prompts (chunked prefill)
     gen_tokens: tuple[int, int] = (1000, 4000)
     prefill_tokens: tuple[int, int] = (8000, 32000)
@@ -166,9 +166,13 @@ class Soak:
         self.marks.freeze_wall = time.time()
         self.marks.freeze = time.monotonic()
         self.server.freeze()
-        self._wait(self._decided, s.decision_deadline_s, "hangwatch's restart decision and the naive watchdog's")
-        self.say(f"hangwatch decided to restart after {self.decision_wall - self.marks.freeze_wall:.1f} s; "
-                 f"the naive watchdog after {self.naive_decision - self.marks.freeze:.1f} s")
+        # Both deadlines only end the wait: a missing decision is a result (None), reported.
+        self._wait(self._hangwatch_decided, s.decision_deadline_s, "hangwatch's restart decision", fail=False)
+        naive_bound = (s.naive_failures + 1) * s.naive_interval + s.naive_timeout
+        self._wait(self._naive_decided, max(0.0, self.marks.freeze + naive_bound - time.monotonic()),
+                   "the naive watchdog's restart decision", fail=False)
+        self.say(f"restart decision after the freeze: hangwatch {_seconds(self.decision_wall, self.marks.freeze_wall)}, "
+                 f"the naive watchdog {_seconds(self.naive_decision, self.marks.freeze)}")
         self.webhook_counts = self.webhook.decision_counts()
         self.alerts = stack_notifications(self.stack)
 
@@ -198,18 +202,19 @@ class Soak:
     def _probes_since(self, since: float) -> list:
         return [r for r in self.proxy.sent() if not r.read_only and r.at >= since and r.method == "POST"]
 
-    def _decided(self) -> bool:
-        if self.decision_wall is None:
-            restarts = [d for d in self.webhook.decisions()
-                        if d["action"] == "restart" and d["at"] >= self.marks.freeze_wall]
-            if restarts:
-                self.decision_wall = restarts[0]["at"]
-        if self.naive_decision is None:
-            _, restarts = self.naive["B"].snapshot()
-            after = [t for t in restarts if t >= self.marks.freeze]
-            if after:
-                self.naive_decision = after[0]
-        return self.decision_wall is not None and self.naive_decision is not None
+    def _hangwatch_decided(self) -> bool:
+        restarts = [d for d in self.webhook.decisions()
+                    if d["action"] == "restart" and d["at"] >= self.marks.freeze_wall]
+        if restarts:
+            self.decision_wall = restarts[0]["at"]
+        return bool(restarts)
+
+    def _naive_decided(self) -> bool:
+        _, restarts = self.naive["B"].snapshot()
+        after = [t for t in restarts if t >= self.marks.freeze]
+        if after:
+            self.naive_decision = after[0]
+        return bool(after)
 
     # -- waiting -----------------------------------------------------------------------------
     def _check(self) -> None:
@@ -227,7 +232,7 @@ class Soak:
             self._check()
             time.sleep(min(0.5, max(0.0, end - time.monotonic())))
 
-    def _wait(self, predicate, deadline_s: float, what: str):
+    def _wait(self, predicate, deadline_s: float, what: str, fail: bool = True):
         end = time.monotonic() + deadline_s
         while True:
             self._check()
@@ -235,8 +240,18 @@ class Soak:
             if value:
                 return value
             if time.monotonic() > end:
-                raise TimeoutError(f"no {what} within {deadline_s:g} s")
+                if not fail:
+                    return None
+                raise TimeoutError(f"no {what} within {deadline_s:g} s\n{self._logs()}")
             time.sleep(0.2)
+
+    def _logs(self) -> str:
+        parts = []
+        if self.stack is not None:
+            parts.append(self.stack.logs())
+        if self.webhook is not None:
+            parts.append("--- webhook\n" + self.webhook.log_tail())
+        return "\n".join(parts)
 
     # -- CPU ---------------------------------------------------------------------------------
     def _pids(self) -> dict[str, list[int]]:
@@ -258,10 +273,11 @@ class Soak:
         seconds = time.monotonic() - start["at"]
         busy0, total0 = start["machine"]
         busy1, total1 = machine_cpu()
-        out = {"the whole machine": (busy1 - busy0) / seconds}
-        for name, pids in start["pids"].items():
-            out[name] = (sum(cpu_seconds(p) or 0 for p in pids) - start["cpu"][name]) / seconds
-        return out
+        parts = {name: (sum(cpu_seconds(p) or 0 for p in pids) - start["cpu"][name]) / seconds
+                 for name, pids in start["pids"].items()}
+        machine = (busy1 - busy0) / seconds
+        return {"the whole machine": machine, **parts,
+                "everything else (other users of the machine)": machine - sum(parts.values())}
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -335,7 +351,7 @@ def summarize(soak: Soak) -> dict:
     for phase, (start, end) in phases.items():
         finished = soak.loads[phase].finished()
         samples = soak.sampler.between(start - s.window_s, end + s.window_s)
-        cut = windows(finished, samples, start, end, s.window_s)
+        cut = windows(finished, samples, start, end, s.window_s, slots=s.max_num_seqs)
         inside = [r for r in finished if start <= r.ended_at < end]
         load[phase] = {
             "requests finished": len(inside),
@@ -371,7 +387,7 @@ def summarize(soak: Soak) -> dict:
             "false restarts": {p: len(v) for p, v in false_naive.items()},
             "requests while in flight": sum(1 for p, c in naive_checks.items() for r in c
                                             if r.sent_at < (m.a1 if p == "A" else m.freeze)),
-            "seconds to decision after freeze": soak.naive_decision - m.freeze,
+            "seconds to decision after freeze": _minus(soak.naive_decision, m.freeze),
             "failures in a row at the freeze": _streak(naive_checks["B"], m.freeze, s.naive_failures),
         },
         "hangwatch": {
@@ -386,7 +402,7 @@ def summarize(soak: Soak) -> dict:
             "reads during phase B": sum(1 for r in reads if m.b0 <= r.at < m.freeze),
             "reading-to-probe gap ms (max)": max(gaps) * 1000 if gaps else None,
             "seconds to notification after freeze": (soak.alerts[0][0] - m.freeze_wall) if soak.alerts else None,
-            "seconds to decision after freeze": soak.decision_wall - m.freeze_wall,
+            "seconds to decision after freeze": _minus(soak.decision_wall, m.freeze_wall),
             "webhook decisions (metrics)": {f"{a}/{r}": v for (a, r), v in soak.webhook_counts.items()},
             "proxy gauge read errors": sum(1 for r in measured if r.server_read_error),
         },
@@ -395,6 +411,14 @@ def summarize(soak: Soak) -> dict:
         "sampler errors": soak.sampler.errors,
         "machine": machine(),
     }
+
+
+def _minus(value: float | None, origin: float) -> float | None:
+    return None if value is None else value - origin
+
+
+def _seconds(value: float | None, origin: float) -> str:
+    return "none" if value is None else f"{value - origin:.1f} s"
 
 
 def _streak(checks: list, until: float, failures: int) -> int:
@@ -460,9 +484,9 @@ def table(r: dict) -> str:
          f"{h['requests while in flight']} ({h['reads during phase B']} reads of /metrics, /version meanwhile)"),
         ("idle probes (nothing in flight)", "-", str(h["idle probes"])),
         ("time from freeze to restart decision",
-         f"{n['seconds to decision after freeze']:.1f} s ({n['failures in a row at the freeze']} failures "
+         f"{_shown(n['seconds to decision after freeze'])} ({n['failures in a row at the freeze']} failures "
          f"already counted when frozen)",
-         f"{h['seconds to decision after freeze']:.1f} s (notified after "
+         f"{_shown(h['seconds to decision after freeze'])} (notified after "
          + (f"{notified:.1f} s)" if notified is not None else "- s)")),
     ]
     second = [(f"the load, per {s['window_s']:g} s window (mean ± sd, min–max)", "hangwatch off", "hangwatch on")]
@@ -473,7 +497,7 @@ def table(r: dict) -> str:
                                    ("generated tokens/s (vLLM's counter)", "generated tokens/s", "{:.0f}", 1),
                                    ("prompt tokens/s (vLLM's counter)", "prompt tokens/s", "{:.0f}", 1),
                                    ("median request latency", "median latency s", "{:.1f} s", 1),
-                                   ("samples with requests waiting", "saturated share", "{:.0f}%", 100)):
+                                   (f"samples saturated (a request waiting or {s['max_num_seqs']} running)", "saturated share", "{:.0f}%", 100)):
         second.append((label, a[key].show(fmt, scale) if a[key] else "-", b[key].show(fmt, scale) if b[key] else "-"))
     for key in sorted(set(a["cpu"]) | set(b["cpu"])):
         second.append((f"CPU: {key}", _cores(a["cpu"].get(key)), _cores(b["cpu"].get(key))))
@@ -485,6 +509,10 @@ def table(r: dict) -> str:
                 f"{cross['hangwatch sent (proxy)']} (hangwatch, the proxy's count) "
                 f"{'+' if cross['unaccounted'] >= 0 else '-'} {abs(cross['unaccounted']):.0f} unaccounted")
     return out
+
+
+def _shown(seconds: float | None) -> str:
+    return "none" if seconds is None else f"{seconds:.1f} s"
 
 
 def _cores(value) -> str:

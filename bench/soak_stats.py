@@ -112,7 +112,7 @@ class Window:
     latency_p50: float | None
     generation_tps: float | None   # vLLM's generated tokens per second in the window
     prompt_tps: float | None
-    saturated_share: float | None  # samples with a request waiting
+    saturated_share: float | None  # samples with a request waiting or every slot running
 
     @property
     def success_rate(self) -> float | None:
@@ -125,8 +125,10 @@ def _at(samples: list, t: float):
     return before[-1] if before else None
 
 
-def windows(requests_: list, samples: list, start: float, end: float, width: float) -> list[Window]:
-    """Equal windows of ``width`` seconds over [start, end); requests by the time they ended."""
+def windows(requests_: list, samples: list, start: float, end: float, width: float,
+            slots: int | None = None) -> list[Window]:
+    """Equal windows of ``width`` seconds over [start, end); requests by the time they ended.
+    A sample is saturated when a request waits or all ``slots`` (``--max-num-seqs``) run."""
     out = []
     n = max(1, int((end - start) // width))
     for i in range(n):
@@ -140,7 +142,8 @@ def windows(requests_: list, samples: list, start: float, end: float, width: flo
         if first is not None and last is not None and last.at > first.at:
             gen = (last.generation_tokens - first.generation_tokens) / (last.at - first.at)
             prompt = (last.prompt_tokens - first.prompt_tokens) / (last.at - first.at)
-        saturated = sum(1 for s in inside if s.waiting > 0) / len(inside) if inside else None
+        saturated = (sum(1 for s in inside if s.waiting > 0 or (slots and s.running >= slots)) / len(inside)
+                     if inside else None)
         out.append(Window(a, b, len(done), len(ok), statistics.median(latencies) if latencies else None,
                           gen, prompt, saturated))
     return out
