@@ -489,18 +489,21 @@ def table(r: dict) -> str:
          f"{_shown(h['seconds to decision after freeze'])} (notified after "
          + (f"{notified:.1f} s)" if notified is not None else "- s)")),
     ]
-    second = [(f"the load, per {s['window_s']:g} s window (mean ± sd, min–max)", "hangwatch off", "hangwatch on")]
+    second = [(f"the load, per {s['window_s']:g} s window (mean ± sd, min–max)", "hangwatch off", "hangwatch on",
+               "on − off (± 95% interval)")]
     a, b = load["A"], load["B"]
     second.append(("requests that succeeded", f"{a['succeeded']} of {a['requests finished']}",
-                   f"{b['succeeded']} of {b['requests finished']}"))
+                   f"{b['succeeded']} of {b['requests finished']}", ""))
     for label, key, fmt, scale in (("success rate", "success rate", "{:.1f}%", 100),
                                    ("generated tokens/s (vLLM's counter)", "generated tokens/s", "{:.0f}", 1),
                                    ("prompt tokens/s (vLLM's counter)", "prompt tokens/s", "{:.0f}", 1),
                                    ("median request latency", "median latency s", "{:.1f} s", 1),
-                                   (f"samples saturated (a request waiting or {s['max_num_seqs']} running)", "saturated share", "{:.0f}%", 100)):
-        second.append((label, a[key].show(fmt, scale) if a[key] else "-", b[key].show(fmt, scale) if b[key] else "-"))
-    for key in sorted(set(a["cpu"]) | set(b["cpu"])):
-        second.append((f"CPU: {key}", _cores(a["cpu"].get(key)), _cores(b["cpu"].get(key))))
+                                   (f"samples saturated (a request waiting or {s['max_num_seqs']} running)",
+                                    "saturated share", "{:.0f}%", 100)):
+        second.append((label, a[key].show(fmt, scale) if a[key] else "-", b[key].show(fmt, scale) if b[key] else "-",
+                       _difference(a[key], b[key], fmt, scale)))
+    for key in dict.fromkeys([*b["cpu"], *a["cpu"]]):
+        second.append((f"CPU: {key}", _cores(a["cpu"].get(key)), _cores(b["cpu"].get(key)), ""))
     cross = r["cross-check"]
     out = _markdown(first) + "\n\n" + _markdown(second)
     if cross:
@@ -511,16 +514,27 @@ def table(r: dict) -> str:
     return out
 
 
+def _difference(a, b, fmt: str, scale: float) -> str:
+    """Mean of on minus mean of off, ± 1.96 standard errors of that difference (Welch)."""
+    if not a or not b or a.n < 2 or b.n < 2:
+        return "-"
+    diff = b.mean - a.mean
+    half = 1.96 * (a.sd ** 2 / a.n + b.sd ** 2 / b.n) ** 0.5
+    relative = (f" ({100 * diff / a.mean:+.1f}% ± {100 * half / a.mean:.1f}%)".replace("-", "−")
+                if a.mean and "%" not in fmt else "")
+    return f"{'+' if diff >= 0 else '−'}{fmt.format(abs(diff) * scale)} ± {fmt.format(half * scale)}{relative}"
+
+
 def _shown(seconds: float | None) -> str:
     return "none" if seconds is None else f"{seconds:.1f} s"
 
 
 def _cores(value) -> str:
-    return "-" if value is None else f"{value:.3f} cores"
+    return "-" if value is None else f"{value:.4f} cores"
 
 
-def _markdown(rows: list[tuple[str, str, str]]) -> str:
-    width = [max(len(row[i]) for row in rows) for i in range(3)]
+def _markdown(rows: list[tuple[str, ...]]) -> str:
+    width = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["| " + " | ".join(cell.ljust(width[i]) for i, cell in enumerate(row)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in width) + "|")
     return "\n".join(lines)
