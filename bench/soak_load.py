@@ -70,8 +70,8 @@ class Request:
 class Load:
     """Keep a vLLM saturated until :meth:`stop`: long generations and long chunked prefills."""
 
-    def __init__(self, url: str, in_flight: InFlight, *, generators: int = 5, prefills: int = 1,
-                 gen_tokens: tuple[int, int] = (1500, 6000), prefill_tokens: tuple[int, int] = (8000, 32000),
+    def __init__(self, url: str, in_flight: InFlight, *, generators: int = 6, prefills: int = 1,
+                 gen_tokens: tuple[int, int] = (1000, 4000), prefill_tokens: tuple[int, int] = (8000, 32000),
                  prefill_answer: int = 16, request_deadline_s: float = 300, seed: int = 15):
         self.url, self.in_flight = url, in_flight
         self.gen_tokens, self.prefill_tokens = gen_tokens, prefill_tokens

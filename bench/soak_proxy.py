@@ -157,16 +157,12 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
         pass
 
 
-def _recv(sock: socket.socket) -> bytes:
-    return sock.recv(65536)
-
-
 def _read_until(sock, buffer: bytes, marker: bytes, limit: int) -> tuple[bytes | None, bytes]:
     """(everything up to and including ``marker``, the rest); (None, b"") at a clean EOF."""
     while marker not in buffer:
         if len(buffer) > limit:
             raise ValueError("request head too long")
-        data = _recv(sock)
+        data = sock.recv(65536)
         if not data:
             if buffer.strip():
                 raise ValueError("connection closed inside a request head")
@@ -178,7 +174,7 @@ def _read_until(sock, buffer: bytes, marker: bytes, limit: int) -> tuple[bytes |
 
 def _read_exact(sock, buffer: bytes, n: int) -> tuple[bytes, bytes]:
     while len(buffer) < n:
-        data = _recv(sock)
+        data = sock.recv(65536)
         if not data:
             raise ValueError("connection closed inside a request body")
         buffer += data
