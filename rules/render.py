@@ -129,16 +129,32 @@ def progress_expr(range_text: str = "${range}") -> str:
     return f"sum without (kind, signal) (\n{signals}\n)\n"
 
 
+PROGRESS_3 = "target:hangwatch_engine_progress:changes_3scrapes"  # recorded before the grace rule
+
+
 def grace_rule(settings: Settings) -> dict:
-    """1 for a backend whose engine's minimum grace (hangwatch/engines.py) is not over yet."""
-    branches = []
+    """1 for a backend whose engine's minimum grace (hangwatch/engines.py) is not over yet.
+
+    One branch per distinct number of readings the graces span, not per engine: the progress
+    expression is the costly part of the group (five ``changes()`` over every target, twice),
+    so engines spanning the same readings share one, and a grace spanning three readings reads
+    the 3-reading progress recorded just before it in the same group (rules of a group run in
+    order at one evaluation time, and a later rule sees what an earlier one recorded)."""
     slow = [engine for engine in settings.engines if engine.min_grace > 0]
+    by_readings: dict[int, list[str]] = {}
     for engine in slow:
-        grace = engine.min_grace * settings.wall_clock_scale
-        readings = readings_for(grace, settings.scrape_interval)
-        flat = readings_expr(progress_expr(), readings, settings)
+        readings = readings_for(engine.min_grace * settings.wall_clock_scale, settings.scrape_interval)
+        by_readings.setdefault(readings, []).append(engine.name)
+    branches = []
+    for readings, names in sorted(by_readings.items()):
+        engines = names[0] if len(names) == 1 else "|".join(names)
+        matcher = f'engine="{engines}"' if len(names) == 1 else f'engine=~"{engines}"'
+        if readings == 3:
+            flat = PROGRESS_3
+        else:
+            flat = readings_expr(progress_expr(), readings, settings)
         indented = "\n".join("        " + line for line in flat.rstrip().splitlines())
-        branches.append(f'    hangwatch_backend_info{{engine="{engine.name}"}}\n'
+        branches.append(f"    hangwatch_backend_info{{{matcher}}}\n"
                         f"  unless on (job, instance) (\n{indented}\n  ) == 0")
     if not branches:
         expr = "vector(1) unless vector(1)\n"
@@ -151,7 +167,9 @@ def grace_rule(settings: Settings) -> dict:
                     "take longer than two scrapes (one llama.cpp prompt batch moves nothing for seconds), so "
                     "no progress must also hold for the engine's minimum grace, as in hangwatch/verdict.py: "
                     "1 while the readings spanning it (grace / scrape interval + 1, at least 3) are not all "
-                    "without progress. Wall-clock: at a shorter scrape it spans more readings."),
+                    "without progress. Wall-clock: at a shorter scrape it spans more readings. Engines whose "
+                    "graces span the same readings share one branch (the progress expression is the costly "
+                    "part of this group); three readings reuse the 3-reading progress recorded above."),
         "record": "target:hangwatch_engine_progress:within_grace",
         "expr": expr,
     }

@@ -154,8 +154,20 @@ def test_wall_clock_durations_stay_and_scrape_durations_scale():
     # llama.cpp's 30 s grace at 5 s: seven readings (six intervals), 6.5 and 7.5 scrapes
     grace = next(r for r in rule_groups("hangwatch-recording.yml", Settings(scrape_interval=5.0))[0]["rules"]
                  if r["record"] == "target:hangwatch_engine_progress:within_grace")["expr"]
-    llamacpp = grace[grace.index('engine="llamacpp"'):grace.index('engine="sglang"')]
+    llamacpp = grace[grace.index('engine=~"llamacpp|tgi"'):grace.index('engine="sglang"')]  # one branch: same readings
     assert "[32500ms]" in llamacpp and "[37500ms]" in llamacpp and "== 7" in llamacpp
+    sglang = grace[grace.index('engine="sglang"'):]  # 45 s: ten readings, 9.5 and 10.5 scrapes
+    assert "[47500ms]" in sglang and "[52500ms]" in sglang and "== 10" in sglang
+
+
+def test_a_grace_of_three_readings_reuses_the_recorded_progress():
+    """At 15 s, llama.cpp's and TGI's 30 s span three readings: the grace branch reads the 3-reading
+    progress recorded before it instead of computing the costly expression again."""
+    grace = next(r for r in rule_groups("hangwatch-recording.yml", Settings())[0]["rules"]
+                 if r["record"] == "target:hangwatch_engine_progress:within_grace")["expr"]
+    shared = grace[grace.index('engine=~"llamacpp|tgi"'):grace.index('engine="sglang"')]
+    assert "target:hangwatch_engine_progress:changes_3scrapes" in shared and "changes(" not in shared
+    assert grace.count("changes(hangwatch_engine_steps_total") == 2  # sglang's four readings, two ranges
 
 
 def test_jobs_and_runbook_are_the_users(tmp_path):
