@@ -105,13 +105,15 @@ def main(argv=None) -> int:
                 return float(result[0]["value"][1]) if result else float("nan")
 
             scrapes = value(f'sum(count_over_time(up{{job="hangwatch"}}[{window}]))')
-            succeeded = value(f'sum(sum_over_time(up{{job="hangwatch"}}[{window}]))')
+            # In one query: two queries a moment apart see different windows (a "-7 failed" once).
+            failed = value(f'sum(count_over_time(up{{job="hangwatch"}}[{window}]) - sum_over_time(up{{job="hangwatch"}}[{window}]))')
+            succeeded = scrapes - failed
             targets = value('count(up{job="hangwatch"})')
             up_backends = value("count(hangwatch_up == 1)")
             p99 = value(f'quantile(0.99, max_over_time(scrape_duration_seconds{{job="hangwatch"}}[{window}]))')
             p50 = value(f'quantile(0.5, avg_over_time(scrape_duration_seconds{{job="hangwatch"}}[{window}]))')
             worst = value(f'max(max_over_time(scrape_duration_seconds{{job="hangwatch"}}[{window}]))')
-            print(f"targets {targets:.0f}, scrapes {scrapes:.0f}, failed {scrapes - succeeded:.0f}; "
+            print(f"targets {targets:.0f}, scrapes {scrapes:.0f}, failed {failed:.0f}; "
                   f"hangwatch_up 1: {up_backends:.0f}; scrape duration p50 {p50 * 1000:.1f} ms, "
                   f"p99 of per-target max {p99 * 1000:.1f} ms, max {worst * 1000:.1f} ms")
             for series in query(f"max_over_time(prometheus_rule_group_last_duration_seconds[{window}])"):
@@ -127,7 +129,7 @@ def main(argv=None) -> int:
             print(f"exporter: {(cpu1 - cpu0) / elapsed * 100:.1f}% of a core, {per_scrape:.2f} ms CPU per scrape "
                   f"(incl. its own /metrics), RSS {now.rss / 2**20:.1f} MB (peak {now.peak_rss / 2**20:.1f}); "
                   f"Prometheus {(prom_cpu1 - prom_cpu0) / elapsed * 100:.1f}% of a core; load {loadavg()}")
-            ok = targets == args.backends and scrapes - succeeded == 0
+            ok = targets == args.backends and failed == 0
             return 0 if ok else 1
         finally:
             for process in reversed(processes):
