@@ -132,6 +132,19 @@ def test_a_keepalive_connection_the_server_dropped_is_never_read_as_a_failure(ho
     assert len(server.requests) == 3
 
 
+def test_one_keepalive_connection_serves_reading_after_reading(backend):
+    """The exporter reads the same backends every scrape: one connection, not one per reading,
+    and no delayed-ACK stall on the reused one (a separate header and body write, Nagle on)."""
+    backend.pages["/metrics"] = Page(IDLE_PAGE)
+    client = Client()
+    started = time.monotonic()
+    for _ in range(20):
+        assert client.request("GET", backend.url + "/metrics", deadline=Deadline.after(2)).status == OK
+    took = time.monotonic() - started
+    assert backend.connections == 1
+    assert took < 20 * 0.040, f"20 reused readings took {took:.2f}s: a delayed-ACK stall per reading?"
+
+
 # -- rejected is not failed ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 422, 429])

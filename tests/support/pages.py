@@ -26,12 +26,17 @@ class PageServer:
     def __init__(self):
         self.pages: dict[str, Page] = {}
         self.requests: list[tuple[str, str]] = []
+        self.connections = 0  # TCP connections accepted (keep-alive reuse shows as fewer)
         self.sent: list[tuple[str, str, object, str | None]] = []  # method, path, JSON body, Authorization
         self._release = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                super().setup()
+                server.connections += 1
 
             def _answer(self):
                 server.requests.append((self.command, self.path))
