@@ -14,6 +14,14 @@ socket proxy lets through (``docker-compose.yml``, service ``docker-proxy``)::
     GET  /vX/containers/{id}/logs?tail=N        (the incident record's log tail)
     POST /vX/containers/{id}/restart?t=S        (the restart)
 
+Each Docker host gets its own ``DockerRestarter`` and its own Docker SDK client
+(``docker_restarters``): the default engine from the environment (``DOCKER_HOST`` or the
+local socket), a ``unix://`` socket, ``tcp://`` with the TLS files named in the config
+(the engine's certificate is verified against ``ca_file``, and the client presents
+``cert_file``/``key_file``), or ``ssh://`` through the SDK's SSH transport. A client is made
+on first use and again after a failure, so a host that is down at start-up or goes away
+later costs only its own targets.
+
 A container is looked up by its exact name and then addressed by its ID: Docker resolves a
 bare ``/containers/{name}`` by ID prefix too, so a configured name that matches no container
 could otherwise reach another container whose ID happens to start with those letters.
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from .hosts import DockerHost
 from .payload import parse_rfc3339
 
 DOCKER_TIMEOUT = 10.0  # seconds per Engine API call; a restart gets its stop timeout on top
@@ -80,20 +89,41 @@ def container_from_inspect(attrs: dict) -> Container:
                      started_at=started, started_at_text=text if isinstance(text, str) else None)
 
 
-class DockerRestarter:
-    """The Docker Engine API through the Docker SDK; the engine is reached on first use, so
-    the webhook may start before it (``DOCKER_HOST`` selects a socket proxy or another host)."""
+def docker_client(host: DockerHost | None, timeout: float = DOCKER_TIMEOUT):
+    """The Docker SDK's own client for one host (it asks the engine its API version at once)."""
+    import docker
+    if host is None or host.url is None:
+        return docker.from_env(timeout=timeout)
+    if host.tls is not None:
+        tls = docker.tls.TLSConfig(client_cert=(host.tls.cert_file, host.tls.key_file),
+                                   ca_cert=host.tls.ca_file, verify=True)
+        return docker.DockerClient(base_url=host.url, tls=tls, timeout=timeout, version="auto")
+    return docker.DockerClient(base_url=host.url, timeout=timeout, version="auto")
 
-    def __init__(self, client=None, *, timeout: float = DOCKER_TIMEOUT):
+
+def docker_restarters(config, timeout: float = DOCKER_TIMEOUT) -> dict[str, "DockerRestarter"]:
+    """One ``DockerRestarter`` per Docker host a target lives on, by host name."""
+    return {host.name: DockerRestarter(host=host, timeout=timeout) for host in config.hosts}
+
+
+class DockerRestarter:
+    """The Docker Engine API of one host through the Docker SDK; the engine is reached on first
+    use (and again after a failure), so the webhook may start before it."""
+
+    def __init__(self, client=None, *, host: DockerHost | None = None, timeout: float = DOCKER_TIMEOUT):
         self._client = client
+        self._host = host
         self._timeout = timeout
         self._lock = threading.Lock()
 
     def _api(self):
         with self._lock:
             if self._client is None:
-                import docker
-                self._client = docker.from_env(timeout=self._timeout)
+                try:
+                    self._client = docker_client(self._host, self._timeout)
+                except Exception as exc:  # unreachable now; the next call tries again
+                    where = self._host.name if self._host else "default"
+                    raise EngineError(f"docker host {where}: {type(exc).__name__}: {str(exc)[:200]}") from exc
             return self._client.api
 
     def find(self, name: str) -> Container:
@@ -109,6 +139,8 @@ class DockerRestarter:
             raise
         except NotFound:  # removed between the list and the inspect
             raise ContainerNotFound(name) from None
+        except EngineError:
+            raise
         except Exception as exc:  # ConnectionError, APIError 5xx, timeouts, DockerException
             raise EngineError(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
         container = container_from_inspect(attrs)
