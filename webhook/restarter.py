@@ -89,16 +89,32 @@ def container_from_inspect(attrs: dict) -> Container:
                      started_at=started, started_at_text=text if isinstance(text, str) else None)
 
 
-def docker_client(host: DockerHost | None, timeout: float = DOCKER_TIMEOUT):
-    """The Docker SDK's own client for one host (it asks the engine its API version at once)."""
+def docker_api(host: DockerHost | None, timeout: float = DOCKER_TIMEOUT):
+    """The Docker SDK's own API client for one host, its API version asked of the engine.
+
+    A host from the config uses only what the config says: the requests session ignores the
+    environment (``trust_env``). Otherwise ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE``, which
+    many machines set, replaces the configured ``ca_file`` on every call and the engine's
+    certificate fails to verify ("unable to get local issuer certificate"), and an
+    ``HTTPS_PROXY`` would carry the Engine API through a proxy."""
     import docker
     if host is None or host.url is None:
-        return docker.from_env(timeout=timeout)
+        return docker.from_env(timeout=timeout).api  # $DOCKER_HOST, $DOCKER_TLS_VERIFY, $DOCKER_CERT_PATH
+    options: dict = {"base_url": host.url, "timeout": timeout}
     if host.tls is not None:
-        tls = docker.tls.TLSConfig(client_cert=(host.tls.cert_file, host.tls.key_file),
-                                   ca_cert=host.tls.ca_file, verify=True)
-        return docker.DockerClient(base_url=host.url, tls=tls, timeout=timeout, version="auto")
-    return docker.DockerClient(base_url=host.url, timeout=timeout, version="auto")
+        options["tls"] = docker.tls.TLSConfig(client_cert=(host.tls.cert_file, host.tls.key_file),
+                                              ca_cert=host.tls.ca_file, verify=True)
+    if host.url.startswith("ssh://"):
+        options["use_ssh_client"] = False  # paramiko: known_hosts enforced, ~/.ssh/config read
+    asking = docker.APIClient(version=docker.constants.MINIMUM_API_VERSION, **options)
+    asking.trust_env = False
+    try:
+        version = asking.version(api_version=False)["ApiVersion"]
+    finally:
+        asking.close()
+    api = docker.APIClient(version=version, **options)
+    api.trust_env = False
+    return api
 
 
 def docker_restarters(config, timeout: float = DOCKER_TIMEOUT) -> dict[str, "DockerRestarter"]:
@@ -111,20 +127,20 @@ class DockerRestarter:
     use (and again after a failure), so the webhook may start before it."""
 
     def __init__(self, client=None, *, host: DockerHost | None = None, timeout: float = DOCKER_TIMEOUT):
-        self._client = client
+        self._api_client = client.api if client is not None else None  # a docker.DockerClient, or made here
         self._host = host
         self._timeout = timeout
         self._lock = threading.Lock()
 
     def _api(self):
         with self._lock:
-            if self._client is None:
+            if self._api_client is None:
                 try:
-                    self._client = docker_client(self._host, self._timeout)
+                    self._api_client = docker_api(self._host, self._timeout)
                 except Exception as exc:  # unreachable now; the next call tries again
                     where = self._host.name if self._host else "default"
                     raise EngineError(f"docker host {where}: {type(exc).__name__}: {str(exc)[:200]}") from exc
-            return self._client.api
+            return self._api_client
 
     def find(self, name: str) -> Container:
         from docker.errors import NotFound

@@ -194,14 +194,15 @@ def webhook_config(tmp_path: pathlib.Path, backends, *, state_dir=None, cooldown
 class WebhookProcess:
     """``hangwatch webhook`` as a real process on a free loopback port."""
 
-    def __init__(self, config: pathlib.Path, log_path: pathlib.Path, *extra: str):
+    def __init__(self, config: pathlib.Path, log_path: pathlib.Path, *extra: str, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "hangwatch", "webhook", "--config", str(config), "--listen",
-             f"127.0.0.1:{self.port}", *extra], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
+             f"127.0.0.1:{self.port}", *extra], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})})
         wait_for(lambda: self.process.poll() is not None or answers(self.url + "/healthz"), 20, "webhook /healthz")
         assert self.process.poll() is None, self.log()
 

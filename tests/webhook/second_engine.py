@@ -54,8 +54,16 @@ class SecondEngine:
             raise
 
     def connect(self, cert, key, timeout: float = 30):
+        """A DockerClient for the tests' own use (requests' CA-bundle variables ignored, as the webhook does)."""
         tls = docker.tls.TLSConfig(client_cert=(str(cert), str(key)), ca_cert=str(self.certs.ca), verify=True)
-        return docker.DockerClient(base_url=self.url, tls=tls, timeout=timeout, version="auto")
+        asking = docker.DockerClient(base_url=self.url, tls=tls, timeout=timeout,
+                                     version=docker.constants.MINIMUM_API_VERSION)
+        asking.api.trust_env = False
+        version = asking.api.version(api_version=False)["ApiVersion"]
+        asking.close()
+        client = docker.DockerClient(base_url=self.url, tls=tls, timeout=timeout, version=version)
+        client.api.trust_env = False
+        return client
 
     def _wait_for_port(self) -> int:
         deadline = time.monotonic() + START_DEADLINE

@@ -71,7 +71,10 @@ def start_webhook(tmp_path, certs, engine_b, here, there) -> WebhookProcess:
     }
     path = tmp_path / "webhook.yml"
     path.write_text(json.dumps(config))
-    return WebhookProcess(path, tmp_path / "webhook.log")
+    # Many machines point requests at the system's CA bundle; the engine's CA is the config's
+    # ca_file all the same (before: every call to the TLS host failed certificate verification).
+    bundle = str(certs.other_ca)
+    return WebhookProcess(path, tmp_path / "webhook.log", env={"REQUESTS_CA_BUNDLE": bundle, "CURL_CA_BUNDLE": bundle})
 
 
 def send(webhook: WebhookProcess, target: str, container: str) -> requests.Response:
