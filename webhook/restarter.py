@@ -106,7 +106,7 @@ def docker_api(host: DockerHost | None, timeout: float = DOCKER_TIMEOUT):
                                               ca_cert=host.tls.ca_file, verify=True)
     if host.url.startswith("ssh://"):
         options["use_ssh_client"] = False  # paramiko: known_hosts enforced, ~/.ssh/config read
-    asking = docker.APIClient(version=docker.constants.MINIMUM_API_VERSION, **options)
+    asking = docker.APIClient(version=docker.constants.MINIMUM_DOCKER_API_VERSION, **options)
     asking.trust_env = False
     try:
         version = asking.version(api_version=False)["ApiVersion"]

@@ -57,7 +57,7 @@ class SecondEngine:
         """A DockerClient for the tests' own use (requests' CA-bundle variables ignored, as the webhook does)."""
         tls = docker.tls.TLSConfig(client_cert=(str(cert), str(key)), ca_cert=str(self.certs.ca), verify=True)
         asking = docker.DockerClient(base_url=self.url, tls=tls, timeout=timeout,
-                                     version=docker.constants.MINIMUM_API_VERSION)
+                                     version=docker.constants.MINIMUM_DOCKER_API_VERSION)
         asking.api.trust_env = False
         version = asking.api.version(api_version=False)["ApiVersion"]
         asking.close()
