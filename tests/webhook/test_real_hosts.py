@@ -20,6 +20,7 @@ import requests
 from .certs import make_certs
 from .real_parts import (IMAGE, REAL_TOKEN, Backend, WebhookProcess, ledger, now_rfc3339, wait_for)
 from .second_engine import SecondEngine
+from .sshd import SSHServer
 
 real = pytest.mark.real
 
@@ -187,3 +188,52 @@ def test_an_unreachable_host_is_503_for_its_own_target_only(tmp_path, certs, eng
     assert [d for d in seen if d[0] == "here"] == [("here", "default", "hung", "ok"),
                                                    ("here", "default", "cooldown", None)]
     assert here.restarts() == 1
+
+
+@pytest.fixture
+def ssh_server():
+    server = SSHServer()
+    yield server
+    server.close()
+
+
+@real
+def test_a_target_behind_ssh_is_restarted_through_the_sdks_ssh_transport(tmp_path, backend, ssh_server):
+    """A real sshd on 127.0.0.1 whose key may only run `docker system dial-stdio` (to this
+    machine's engine). With a known_hosts that holds another key for the server, the webhook
+    refuses the host (503, nothing restarted); with the right one, the hung container is
+    restarted through SSH."""
+    hung = backend("hung")
+    token = tmp_path / "token"
+    token.write_text(REAL_TOKEN + "\n")
+    token.chmod(0o600)
+    config = {"token_file": str(token), "state_dir": str(tmp_path / "state"),
+              "recheck": {"interval": "300ms", "timeout": "1s"},
+              "docker_hosts": {"box": {"url": ssh_server.url}},
+              "targets": [{"name": "far", "container": hung.name, "url": hung.url, "stop_timeout": "5s",
+                           "docker_host": "box"}]}
+    path = tmp_path / "webhook.yml"
+    path.write_text(json.dumps(config))
+    impostor = WebhookProcess(path, tmp_path / "impostor.log", env={"HOME": str(ssh_server.impostor_home()),
+                                                                    "SSH_AUTH_SOCK": ""})
+    try:
+        answer = send(impostor, "far", hung.name)
+        assert answer.status_code == 503 and answer.json()["unreachable"] == ["far"], answer.text
+    finally:
+        impostor.stop()
+    assert decisions(tmp_path) == [("far", "box", "docker_unreachable", None)]
+    refused = next(d for d in ledger(tmp_path / "state") if d["event"] == "decision")
+    assert refused["detail"].startswith("docker host box: BadHostKeyException: Host key for server '127.0.0.1' does not match")
+    assert hung.restarts() == 0
+
+    webhook = WebhookProcess(path, tmp_path / "webhook.log", env={"HOME": str(ssh_server.home), "SSH_AUTH_SOCK": ""})
+    try:
+        answer = send(webhook, "far", hung.name)
+        assert answer.status_code == 200 and answer.json()["queued"] == ["far"], answer.text
+        assert wait_decisions(tmp_path, 2)[1] == ("far", "box", "hung", "ok")
+    finally:
+        webhook.stop()
+    assert webhook.process.returncode == 0, webhook.log()
+    assert hung.restarts() == 1
+    assert "Accepted publickey for root" in ssh_server.log()
+    assert any(f"127.0.0.1:{hung.port}" in line for line in incidents(tmp_path)["far"]["logs"])
