@@ -7,10 +7,14 @@ containers on the two engines have *the same name*, so restarting the right name
 wrong host would show; restarts are counted from each engine's own event stream, and each
 incident's log tail must come from the container on its target's host. The re-checks are
 the real verdict core reading each container's fake vLLM over loopback.
+
+Also here: an ``ssh://`` host through a real OpenSSH server (``sshd.py``), and the group
+limit held by two real webhook replicas sharing a state_dir.
 """
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 
@@ -237,3 +241,39 @@ def test_a_target_behind_ssh_is_restarted_through_the_sdks_ssh_transport(tmp_pat
     assert hung.restarts() == 1
     assert "Accepted publickey for root" in ssh_server.log()
     assert any(f"127.0.0.1:{hung.port}" in line for line in incidents(tmp_path)["far"]["logs"])
+
+
+@real
+def test_two_replicas_hold_the_group_limit_against_a_shared_incident(tmp_path, backend):
+    """Two replicas of one model hang together; each webhook replica (real processes sharing
+    a state_dir) gets the alert of a different one at the same moment: exactly one container
+    is restarted, the other is left to people (group_limit), whichever replica decided it."""
+    first, second = backend("hung"), backend("hung")
+    token = tmp_path / "token"
+    token.write_text(REAL_TOKEN + "\n")
+    token.chmod(0o600)
+    config = {"token_file": str(token), "state_dir": str(tmp_path / "state"),
+              "recheck": {"interval": "300ms", "timeout": "1s"}, "group_limit": 1,
+              "targets": [{"name": b.name, "container": b.name, "url": b.url, "stop_timeout": "5s",
+                           "group": "qwen"} for b in (first, second)]}
+    path = tmp_path / "webhook.yml"
+    path.write_text(json.dumps(config))
+    replicas = [WebhookProcess(path, tmp_path / f"replica{i}.log") for i in range(2)]
+    try:
+        codes = []
+        threads = [threading.Thread(target=lambda r=r, b=b: codes.append(send(r, b.name, b.name).status_code))
+                   for r, b in zip(replicas, (first, second))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert codes == [200, 200]
+        seen = wait_decisions(tmp_path, 2)
+    finally:
+        for replica in replicas:
+            replica.stop()
+    assert sorted(reason for _, _, reason, _ in seen) == ["group_limit", "hung"]
+    assert sorted((first.restarts(), second.restarts())) == [0, 1]
+    left = next(target for target, _, reason, _ in seen if reason == "group_limit")
+    log = "".join(r.log() for r in replicas)
+    assert f"target={left}" in log and "reason=group_limit" in log and "ERROR" in log
