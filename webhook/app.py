@@ -9,8 +9,9 @@ container lookup per target on its own host, under a deadline) and hands the slo
 (re-check, restart) to the per-target worker, answering within a second. Answers: 200
 handled or deliberately ignored, 400 bad payload, 401 bad token, 503 when a target's Docker
 host is unreachable (Alertmanager retries only 5xx; the others' alerts in the same request
-are queued all the same, and a retry of them is refused as a duplicate or already restarted). ``POST /circuit/<target>/reset`` takes the
-operator's reset token when one is configured (``reset_token_file``), else the alert token.
+are queued all the same, and a retry of them is refused as a duplicate or already
+restarted). ``POST /circuit/<target>/reset`` takes the operator's reset token when one is
+configured (``reset_token_file``), else the alert token.
 """
 from __future__ import annotations
 

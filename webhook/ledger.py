@@ -26,7 +26,8 @@ What makes it trustworthy:
 
 ``target_lock`` (``locks/<target>.lock``) makes decide+restart for one target exclusive across
 processes; ``fleet_lock`` (``locks/_fleet.lock``, a name no target can have) makes the
-fleet-wide limits' check-and-record exclusive across targets and processes. Files are created 0600, directories 0700: incident records hold container logs.
+fleet-wide limits' check-and-record exclusive across targets and processes. Files are
+created 0600, directories 0700: incident records hold container logs.
 """
 from __future__ import annotations
 

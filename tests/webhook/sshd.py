@@ -29,6 +29,8 @@ class SSHServer:
         sshd = require_binary("sshd")
         keygen = require_binary("ssh-keygen")
         require(os.geteuid() == 0, "root, to run sshd")
+        from hangwatch.webhook.hosts import ssh_transport_missing
+        require(ssh_transport_missing() is None, "paramiko, the Docker SDK's SSH transport (pip install 'docker[ssh]')")
         self.root = pathlib.Path(tempfile.mkdtemp(prefix="hw-sshd-", dir="/tmp"))
         self.home = self.root / "home"
         (self.home / ".ssh").mkdir(parents=True, mode=0o700)
