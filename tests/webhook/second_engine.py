@@ -106,4 +106,7 @@ class SecondEngine:
             self.client.close()
         self.stop()
         self._log.close()
+        netns = os.path.join(self.root, "exec", "netns", "default")  # dockerd leaves this bind mount
+        if os.path.ismount(netns):
+            subprocess.run(["umount", netns], capture_output=True, timeout=30)
         shutil.rmtree(self.root, ignore_errors=True)
