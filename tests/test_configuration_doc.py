@@ -99,14 +99,20 @@ def webhook_keys() -> set[str]:
     top = known_keys(parse_config, {"no_such_key": 1, "targets": [TARGET]}, WebhookConfigError)
     recheck = known_keys(parse_config, {"recheck": {"no_such_key": 1}, "targets": [TARGET]}, WebhookConfigError)
     budget = known_keys(parse_config, {"budget": {"no_such_key": 1}, "targets": [TARGET]}, WebhookConfigError)
+    fleet = known_keys(parse_config, {"fleet_budget": {"no_such_key": 1}, "targets": [TARGET]}, WebhookConfigError)
+    host = known_keys(parse_config, {"docker_hosts": {"h": {"no_such_key": 1}}, "targets": [TARGET]},
+                      WebhookConfigError)
+    tls = known_keys(parse_config, {"docker_hosts": {"h": {"url": "tcp://h:2376", "tls": {"no_such_key": 1}}},
+                                    "targets": [TARGET]}, WebhookConfigError)
     target = known_keys(parse_config, {"targets": [dict(TARGET, no_such_key=1)]}, WebhookConfigError)
     return (top | {f"recheck.{k}" for k in recheck} | {f"budget.{k}" for k in budget}
-            | {f"targets[].{k}" for k in target})
+            | {f"fleet_budget.{k}" for k in fleet} | {f"docker_hosts.<name>.{k}" for k in host - {"tls"}}
+            | {f"docker_hosts.<name>.tls.{k}" for k in tls} | {f"targets[].{k}" for k in target})
 
 
 def test_webhook_config_keys_are_documented_both_ways():
     documented = set(rows("Webhook config"))
-    code = webhook_keys() - {"recheck", "budget"}  # documented key by key: recheck.interval, ...
+    code = webhook_keys() - {"recheck", "budget", "fleet_budget"}  # documented key by key: recheck.interval, ...
     assert documented == code, documented ^ code
 
 
@@ -118,6 +124,12 @@ def test_webhook_config_defaults_are_the_documented_ones():
             actual = getattr(recheck, key.split(".")[1])
         elif key.startswith("budget."):
             actual = getattr(budget, key.split(".")[1])
+        elif key.startswith("fleet_budget."):
+            actual = getattr(top.fleet_budget, key.split(".")[1])
+        elif key.startswith("docker_hosts"):
+            actual = None  # none declared; each declared host's url and tls files are required
+        elif key == "targets[].docker_host":
+            actual = target_defaults["docker_host"].name  # the default engine
         elif key.startswith("targets[]."):
             name = key.split(".")[1]
             actual = target_defaults["api_key" if name == "api_key_file" else name]

@@ -1,24 +1,27 @@
 """``hangwatch webhook``: the Alertmanager receiver that restarts only what it proves hung.
 
-``create_app`` is a Flask app factory taking every collaborator (the restarter, clock,
-re-checker, ledger), so tests and the demo run it with their own; ``main`` alone builds the
-real ones (``DockerRestarter``) and hands the app to ``server.serve``. ``POST /alerts``
-checks the token before reading the body, validates the v4 payload, triages each alert in
-the request (cheap: labels against the config, one container lookup under a deadline) and
-hands the slow part (re-check, restart) to the per-target worker, answering within a second.
-Answers: 200 handled or deliberately ignored, 400 bad payload, 401 bad token, 503 Docker
-unreachable (Alertmanager retries only 5xx). ``POST /circuit/<target>/reset`` takes the
-operator's reset token when one is configured (``reset_token_file``), else the alert token.
+``create_app`` is a Flask app factory taking every collaborator (the restarter — one, or one
+per Docker host —, clock, re-checker, ledger), so tests and the demo run it with their own;
+``main`` alone builds the real ones (a ``DockerRestarter`` per host) and hands the app to
+``server.serve``. ``POST /alerts`` checks the token before reading the body, validates the
+v4 payload, triages each alert in the request (cheap: labels against the config, one
+container lookup per target on its own host, under a deadline) and hands the slow part
+(re-check, restart) to the per-target worker, answering within a second. Answers: 200
+handled or deliberately ignored, 400 bad payload, 401 bad token, 503 when a target's Docker
+host is unreachable (Alertmanager retries only 5xx; the others' alerts in the same request
+are queued all the same, and a retry of them is refused as a duplicate or already
+restarted). ``POST /circuit/<target>/reset`` takes the operator's reset token when one is
+configured (``reset_token_file``), else the alert token.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import hmac
 import logging
 import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Mapping
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -27,10 +30,11 @@ from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
 from .config import Config, load_config, load_reset_token, load_token
 from .ledger import Ledger, LedgerError
+from .lookups import HostLookups
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .payload import BadPayload, parse_payload
 from .policy import REASONS, SKIP, Job, Policy
-from .restarter import DOCKER_TIMEOUT, ContainerNotFound, DockerRestarter, EngineError, Restarter
+from .restarter import DOCKER_TIMEOUT, Restarter, docker_restarters
 from .server import MAX_BODY_BYTES, serve
 from .worker import Worker
 
@@ -53,13 +57,14 @@ class WebhookState:
     worker: Worker
     ledger: Ledger
     metrics: WebhookMetrics
-    engine_pool: concurrent.futures.ThreadPoolExecutor
+    lookups: HostLookups
 
     @property
     def restart_bound(self) -> float:
         return restart_bound(self.config)
 
     def wait_idle(self, timeout: float) -> bool:
+        """No job queued or running (recovery watches may still run: ``policy.wait_watches``)."""
         return self.worker.wait_idle(timeout)
 
     def shutdown(self, timeout: float) -> bool:
@@ -72,25 +77,29 @@ class WebhookState:
         return finished
 
     def close(self) -> None:
-        self.engine_pool.shutdown(wait=False, cancel_futures=True)
+        self.policy.stop_watching()
+        self.lookups.close()
         self.ledger.close()
 
 
-def create_app(config: Config, *, token: str, restarter: Restarter, reset_token: str | None = None,
+def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str, Restarter],
+               reset_token: str | None = None,
                clock=time.time, rechecker=None, dry_run: bool | None = None, ledger: Ledger | None = None,
                replica: str | None = None, engine_deadline: float = ENGINE_DEADLINE) -> Flask:
     if rechecker is None:
         from hangwatch.check import check as rechecker
-    ledger = ledger or Ledger(config.state_dir, keep=config.budget.window)
+    ledger = ledger or Ledger(config.state_dir, keep=config.history)
     holder: dict = {}
-    metrics = WebhookMetrics(lambda: holder["policy"].circuit_open(), lambda: holder["worker"].in_progress())
-    metrics.preset([target.name for target in config.targets], REASONS)
+    metrics = WebhookMetrics(lambda: holder["policy"].circuit_open(), lambda: holder["worker"].in_progress(),
+                             lambda: holder["policy"].group_restarting())
+    metrics.preset([target.name for target in config.targets], REASONS,
+                   groups={target.name: target.group for target in config.targets})
     policy = Policy(config, restarter=restarter, clock=clock, rechecker=rechecker, ledger=ledger, metrics=metrics,
                     dry_run=config.dry_run if dry_run is None else dry_run, replica=replica)
     worker = Worker(policy.run)
     holder.update(policy=policy, worker=worker)
     state = WebhookState(config, policy, worker, ledger, metrics,
-                         concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="hangwatch-docker"))
+                         HostLookups([host.name for host in config.hosts], policy.container))
     alert_token = token.encode()
     reset_tokens = [(reset_token or token).encode()]
 
@@ -138,22 +147,22 @@ def create_app(config: Config, *, token: str, restarter: Restarter, reset_token:
         if not candidates:
             return jsonify(alerts=len(parsed), queued=[])
         targets = {target.name: target for _, target in candidates}
-        future = state.engine_pool.submit(_lookup_all, policy, list(targets.values()))
-        try:
-            found = future.result(timeout=engine_deadline)
-        except (EngineError, concurrent.futures.TimeoutError) as exc:
-            detail = str(exc) or f"no answer within {engine_deadline:g}s"
-            for alert, target in candidates:
-                policy.record(alert, target, SKIP, "docker_unreachable", detail)
-            return jsonify(error="docker engine unreachable; retry later"), 503
-        queued = []
+        found = state.lookups.find_all(targets.values(), engine_deadline)
+        queued, unreachable = [], []
         for alert, target in candidates:
-            if not found[target.name]:
+            outcome = found[target.name]
+            if isinstance(outcome, str):
+                policy.record(alert, target, SKIP, "docker_unreachable", outcome)
+                unreachable.append(target.name)
+            elif not outcome:
                 policy.record(alert, target, SKIP, "container_not_found")
             elif worker.submit(target.name, Job(alert, target)):
                 queued.append(target.name)
             else:
                 policy.record(alert, target, SKIP, "duplicate", "a job for this target is already in progress")
+        if unreachable:  # Alertmanager retries the notification; only these targets' hosts failed
+            return jsonify(error="docker engine unreachable; retry later", alerts=len(parsed), queued=queued,
+                           unreachable=sorted(set(unreachable))), 503
         return jsonify(alerts=len(parsed), queued=queued)
 
     @app.post("/circuit/<name>/reset")
@@ -182,18 +191,6 @@ def create_app(config: Config, *, token: str, restarter: Restarter, reset_token:
     return app
 
 
-def _lookup_all(policy: Policy, targets) -> dict[str, bool]:
-    """Does the engine know each target's container? Raises EngineError if it cannot say."""
-    found = {}
-    for target in targets:
-        try:
-            policy.container(target)
-            found[target.name] = True
-        except ContainerNotFound:
-            found[target.name] = False
-    return found
-
-
 def main(args) -> int:
     level = os.environ.get("HANGWATCH_LOG_LEVEL", "info").upper()
     logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
@@ -204,7 +201,7 @@ def main(args) -> int:
         reset_token = load_reset_token(config, token)
         host, port = listen_address(args.listen)
         try:
-            ledger = Ledger(config.state_dir, keep=config.budget.window)
+            ledger = Ledger(config.state_dir, keep=config.history)
         except (OSError, LedgerError) as exc:
             reason = getattr(exc, "strerror", None) or exc
             raise ConfigError(f"state_dir: cannot use {config.state_dir}: {reason}") from None
@@ -212,7 +209,7 @@ def main(args) -> int:
         sys.stderr.write(f"hangwatch webhook: {exc}\n")
         return EXIT_CONFIG
     dry_run = bool(config.dry_run or args.dry_run)
-    app = create_app(config, token=token, reset_token=reset_token, restarter=DockerRestarter(), ledger=ledger,
+    app = create_app(config, token=token, reset_token=reset_token, restarter=docker_restarters(config), ledger=ledger,
                      dry_run=dry_run)
     return serve(app, host, port, banner=f"targets: {','.join(t.name for t in config.targets)}; "
                                          f"dry_run={str(dry_run).lower()}; state_dir={config.state_dir}")

@@ -3,7 +3,8 @@
 A restarter that acts on a typo is worse than none, so every key is known, every value is
 typed and ranged, and every error names its path (``targets[1].contanier: unknown key``).
 ``main()`` turns a ``ConfigError`` into one line on stderr and a non-zero exit before the
-port is bound. The keys and defaults are DESIGN.md's "The webhook".
+port is bound. The keys and defaults are DESIGN.md's "The webhook"; which Docker engine a target lives on
+is ``hosts.py``'s, the fleet-wide limits' meaning is ``limits.py``'s.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from hangwatch.observation import PROBE_AUTO, PROBE_KINDS
 from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, loose_permissions, mapping,
                                 optional_duration, secret_file, show, string, string_list)
 
+from .hosts import DEFAULT_HOST, DockerHost, parse_docker_hosts, resolve
+
 log = logging.getLogger("hangwatch.webhook")
 
 TOKEN_ENV = "HANGWATCH_WEBHOOK_TOKEN"
@@ -26,6 +29,8 @@ MIN_TOKEN_CHARS = 32  # secrets.token_urlsafe(32) gives 43; a short token can be
 MODULES = {name: row.restartable for name, row in MODULE_TABLE.items()}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # also used in lock file names
 _CONTAINER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # Docker's own name rule
+_SHARE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+RESERVED_NAMES = {"ledger"}  # locks/ledger.lock is the ledger's own lock: a target's lock must not be it
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class Target:
     stop_timeout: float = 30.0
     api_key: str | None = field(default=None, repr=False)  # api_key_file's contents: never printed
     probe: str = PROBE_AUTO
+    docker_host: DockerHost = DEFAULT_HOST
+    group: str | None = None  # the targets that serve one model (group_limit); from the config only
 
 
 @dataclass(frozen=True)
@@ -62,9 +69,26 @@ class Config:
     recheck: Recheck = field(default_factory=Recheck)
     cooldown: float = 900.0
     budget: Budget = field(default_factory=Budget)
+    docker_hosts: tuple[DockerHost, ...] = ()          # declared in docker_hosts (used or not)
+    group_limit: int | str = 1                          # a count, or a share such as "25%"
+    recovery: float = 900.0
+    fleet_budget: Budget = field(default_factory=lambda: Budget(restarts=10, window=3600.0))
 
     def target(self, name: str) -> Target | None:
         return next((t for t in self.targets if t.name == name), None)
+
+    @property
+    def hosts(self) -> tuple[DockerHost, ...]:
+        """Every engine a target lives on, each once (by name)."""
+        seen: dict[str, DockerHost] = {}
+        for target in self.targets:
+            seen.setdefault(target.docker_host.name, target.docker_host)
+        return tuple(seen.values())
+
+    @property
+    def history(self) -> float:
+        """How far back the ledger must remember restarts for every limit to be computed."""
+        return max(self.budget.window, self.fleet_budget.window, self.recovery)
 
 
 def load_config(path: str) -> Config:
@@ -75,7 +99,8 @@ def parse_config(raw) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping, got {show(raw)}")
     top = mapping(raw, "", {"token_file", "reset_token_file", "state_dir", "dry_run", "alertnames", "recheck",
-                            "cooldown", "budget", "targets"})
+                            "cooldown", "budget", "targets", "docker_hosts", "group_limit", "recovery",
+                            "fleet_budget"})
     defaults = Config(targets=())
     token_file = top.get("token_file")
     if token_file is not None:
@@ -95,26 +120,52 @@ def parse_config(raw) -> Config:
         interval=optional_duration(recheck_raw, "interval", "recheck", Recheck.interval, 0.1, 600),
         timeout=optional_duration(recheck_raw, "timeout", "recheck", Recheck.timeout, 0.1, 600))
     cooldown = optional_duration(top, "cooldown", "", defaults.cooldown, 0, 7 * 86400)
-    budget_raw = mapping(top.get("budget"), "budget", {"restarts", "window"})
-    restarts = budget_raw.get("restarts", Budget.restarts)
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or not 1 <= restarts <= 1000:
-        raise ConfigError(f"budget.restarts: expected a whole number from 1 to 1000, got {show(restarts)}")
-    budget = Budget(restarts, optional_duration(budget_raw, "window", "budget", Budget.window, 1, 30 * 86400))
+    budget = _budget(top.get("budget"), "budget", defaults.budget)
+    fleet_budget = _budget(top.get("fleet_budget"), "fleet_budget", defaults.fleet_budget)
+    group_limit = _group_limit(top.get("group_limit", defaults.group_limit))
+    recovery = optional_duration(top, "recovery", "", defaults.recovery, 1, 7 * 86400)
+    hosts = parse_docker_hosts(top.get("docker_hosts"))
 
     targets_raw = top.get("targets")
     if not isinstance(targets_raw, list) or not targets_raw:
         raise ConfigError("targets: required, a non-empty list (the only containers ever restarted)")
-    targets = tuple(_target(t, f"targets[{i}]") for i, t in enumerate(targets_raw))
-    for key in ("name", "container"):
-        seen = {}
-        for i, target in enumerate(targets):
-            value = getattr(target, key)
-            if value in seen:
-                raise ConfigError(f"targets[{i}].{key}: {value!r} is already used by targets[{seen[value]}]")
-            seen[value] = i
+    targets = tuple(_target(t, f"targets[{i}]", hosts) for i, t in enumerate(targets_raw))
+    seen: dict = {}
+    for i, target in enumerate(targets):
+        if target.name in seen:
+            raise ConfigError(f"targets[{i}].name: {target.name!r} is already used by targets[{seen[target.name]}]")
+        seen[target.name] = i
+    seen = {}
+    for i, target in enumerate(targets):  # one container name may live on several hosts, once on each
+        key = (target.docker_host.identity, target.container)
+        if key in seen:
+            raise ConfigError(f"targets[{i}].container: {target.container!r} on docker host "
+                              f"{target.docker_host.name!r} is already used by targets[{seen[key]}]")
+        seen[key] = i
     return Config(targets=targets, token_file=token_file, reset_token_file=reset_token_file,
                   state_dir=state_dir, dry_run=dry_run, alertnames=alertnames, recheck=recheck,
-                  cooldown=cooldown, budget=budget)
+                  cooldown=cooldown, budget=budget, docker_hosts=tuple(hosts.values()), group_limit=group_limit,
+                  recovery=recovery, fleet_budget=fleet_budget)
+
+
+def _budget(raw, path: str, default: Budget) -> Budget:
+    data = mapping(raw, path, {"restarts", "window"})
+    restarts = data.get("restarts", default.restarts)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or not 1 <= restarts <= 1000:
+        raise ConfigError(f"{path}.restarts: expected a whole number from 1 to 1000, got {show(restarts)}")
+    return Budget(restarts, optional_duration(data, "window", path, default.window, 1, 30 * 86400))
+
+
+def _group_limit(value) -> int | str:
+    """A whole number (at least 1) or a share of the group such as ``25%`` (above 0, at most 100)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if 1 <= value <= 1000:
+            return value
+    elif isinstance(value, str) and (match := _SHARE.match(value)):
+        if 0 < float(match.group(1)) <= 100:
+            return f"{float(match.group(1)):g}%"
+    raise ConfigError(f"group_limit: expected a whole number from 1 to 1000 or a share such as '25%' "
+                      f"(above 0%, at most 100%), got {show(value)}")
 
 
 def load_token(config: Config, env=os.environ) -> str:
@@ -156,14 +207,17 @@ def _long_enough(token: str, where: str) -> str:
     return token
 
 
-def _target(raw, path: str) -> Target:
+def _target(raw, path: str, hosts: dict[str, DockerHost]) -> Target:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping, got {show(raw)}")
-    data = mapping(raw, path, {"name", "container", "url", "module", "stop_timeout", "api_key_file", "probe"},
+    data = mapping(raw, path, {"name", "container", "url", "module", "stop_timeout", "api_key_file", "probe",
+                               "docker_host", "group"},
                    required={"name", "container", "url"})
     name = string(data["name"], f"{path}.name")
     if not _NAME.match(name):
         raise ConfigError(f"{path}.name: {name!r} must be letters, digits, '_', '.', '-' (at most 63)")
+    if name in RESERVED_NAMES:
+        raise ConfigError(f"{path}.name: {name!r} is reserved (the ledger's own lock); choose another name")
     container = string(data["container"], f"{path}.container")
     if not _CONTAINER.match(container):
         raise ConfigError(f"{path}.container: {container!r} is not a Docker container name")
@@ -179,5 +233,11 @@ def _target(raw, path: str) -> Target:
     probe = data.get("probe", PROBE_AUTO)
     if probe not in PROBE_KINDS:
         raise ConfigError(f"{path}.probe: {show(probe)} is not one of {', '.join(PROBE_KINDS)}")
+    docker_host = resolve(data.get("docker_host"), f"{path}.docker_host", hosts)
+    group = None
+    if "group" in data:
+        group = string(data["group"], f"{path}.group")
+        if not _NAME.match(group):
+            raise ConfigError(f"{path}.group: {group!r} must be letters, digits, '_', '.', '-' (at most 63)")
     return Target(name=name, container=container, url=url, module=module, stop_timeout=stop_timeout,
-                  api_key=api_key, probe=probe)
+                  api_key=api_key, probe=probe, docker_host=docker_host, group=group)

@@ -15,16 +15,19 @@ What makes it trustworthy:
   write is undone and raises ``LedgerError``. The policy then fails closed: no restart
   without its record.
 - **Reading is line by line** and keeps only what the decisions need: per target, the
-  restart attempts that may still count (``keep`` seconds, the budget window), the last
-  restart (cooldown) and the last operator reset (circuit). Decision lines are skipped
-  without being parsed.
+  restart attempts that may still count (``keep`` seconds: the longest of the budget window,
+  the fleet budget's window and ``recovery``), the last restart (cooldown), the last operator
+  reset (circuit) and the last time its backend was seen healthy after a restart (``recovered``:
+  the group limit). Decision lines are skipped without being parsed.
 - **It is compacted** once it passes ``rotate_bytes``: under the lock, the records that still
   matter are written to a new file that atomically replaces ``ledger.jsonl``; the old one is
   kept as ``ledger.jsonl.1`` (one generation, for people). A replica notices the new file
   (its inode changed) and re-reads it from the start.
 
 ``target_lock`` (``locks/<target>.lock``) makes decide+restart for one target exclusive across
-processes. Files are created 0600, directories 0700: incident records hold container logs.
+processes; ``fleet_lock`` (``locks/_fleet.lock``, a name no target can have) makes the
+fleet-wide limits' check-and-record exclusive across targets and processes. Files are
+created 0600, directories 0700: incident records hold container logs.
 """
 from __future__ import annotations
 
@@ -59,6 +62,8 @@ class TargetHistory:
     last_line: bytes = b""                                       # the last restart's line (kept for compaction)
     reset_at: float = 0.0                                        # last operator circuit reset
     reset_line: bytes = b""
+    recovered_at: float = 0.0                                    # last time seen healthy after a restart
+    recovered_line: bytes = b""
 
 
 class Ledger:
@@ -205,6 +210,8 @@ class Ledger:
                 history.restarts.append((at, raw))
         elif event == "circuit_reset" and at >= history.reset_at:
             history.reset_at, history.reset_line = at, raw
+        elif event == "recovered" and at >= history.recovered_at:
+            history.recovered_at, history.recovered_line = at, raw
 
     def last_restart(self, target: str) -> float | None:
         with self._mutex:
@@ -226,6 +233,23 @@ class Ledger:
             return sorted(at for at, _ in history.restarts if at > since)
 
 
+    def restarting(self, target: str, now: float, recovery: float) -> bool:
+        """Is the target's last restart unsettled: less than ``recovery`` s ago, and its backend
+        not seen healthy since (``limits.py`` defines this; a restart that failed counts too)?"""
+        with self._mutex:
+            history = self._history.get(target)
+            if not history or history.last_restart is None:
+                return False
+            last = history.last_restart
+            return now - last < recovery and history.recovered_at < last
+
+    def restarts_since(self, since: float) -> list[tuple[float, str]]:
+        """Every restart attempt after ``since``, of every target: (at, target), oldest first."""
+        with self._mutex:
+            return sorted((at, target) for target, history in self._history.items()
+                          for at, _ in history.restarts if at > since)
+
+
 def encode(record: dict) -> bytes:
     return (json.dumps(record, sort_keys=True, ensure_ascii=True) + "\n").encode()
 
@@ -236,6 +260,8 @@ def _needed(history: TargetHistory):
         yield history.last_restart, history.last_line
     if history.reset_line:
         yield history.reset_at, history.reset_line
+    if history.recovered_line:
+        yield history.recovered_at, history.recovered_line
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -297,12 +323,25 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-@contextmanager
+FLEET_LOCK = "_fleet"  # target names start with a letter or digit: no target's lock is this one
+
+
 def target_lock(state_dir: str, target: str, *, deadline: float, poll: float = 0.05,
                 cancelled: Callable[[], bool] = lambda: False):
     """Hold ``locks/<target>.lock`` exclusively (across processes); TimeoutError after ``deadline`` s
     (or as soon as ``cancelled()`` says so: the webhook is stopping)."""
-    path = os.path.join(state_dir, "locks", f"{target}.lock")
+    return _file_lock(state_dir, target, deadline=deadline, poll=poll, cancelled=cancelled)
+
+
+def fleet_lock(state_dir: str, *, deadline: float, poll: float = 0.02, cancelled: Callable[[], bool] = lambda: False):
+    """Hold ``locks/_fleet.lock``: checking the fleet-wide limits and recording a restart are one
+    step for every target and replica. Always taken *inside* a target lock, never around one."""
+    return _file_lock(state_dir, FLEET_LOCK, deadline=deadline, poll=poll, cancelled=cancelled)
+
+
+@contextmanager
+def _file_lock(state_dir: str, name: str, *, deadline: float, poll: float, cancelled: Callable[[], bool]):
+    path = os.path.join(state_dir, "locks", f"{name}.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         give_up = time.monotonic() + deadline

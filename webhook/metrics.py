@@ -9,6 +9,12 @@ window passes and agrees with what a second replica did. Sample::
     hangwatch_webhook_restarts_total{result="ok",target="vllm-a"} 1.0
     hangwatch_webhook_circuit_open{target="vllm-a"} 0.0
     hangwatch_webhook_jobs_in_progress 0.0
+    hangwatch_webhook_restarts_withheld_total{group="llama-70b",limit="group",target="vllm-a"} 0.0
+    hangwatch_webhook_group_restarting{group="llama-70b"} 1.0
+
+A withheld restart is a target the re-check proved hung and a fleet-wide limit kept the
+webhook from restarting (``limits.py``): it is left to people, so it has its own series with
+the target and group, for an alert to name them.
 """
 from __future__ import annotations
 
@@ -21,13 +27,16 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _StateCollector:
-    def __init__(self, circuit_open: Callable[[], dict[str, bool]], jobs: Callable[[], int]):
+    def __init__(self, circuit_open: Callable[[], dict[str, bool]], jobs: Callable[[], int],
+                 group_restarting: Callable[[], dict[str, int]]):
         self._circuit_open = circuit_open
         self._jobs = jobs
+        self._group_restarting = group_restarting
 
     def describe(self):  # so registering does not call collect() before the app exists
         yield GaugeMetricFamily("hangwatch_webhook_circuit_open", "", labels=["target"])
         yield GaugeMetricFamily("hangwatch_webhook_jobs_in_progress", "")
+        yield GaugeMetricFamily("hangwatch_webhook_group_restarting", "", labels=["group"])
 
     def collect(self):
         circuit = GaugeMetricFamily("hangwatch_webhook_circuit_open",
@@ -38,10 +47,17 @@ class _StateCollector:
         yield circuit
         yield GaugeMetricFamily("hangwatch_webhook_jobs_in_progress",
                                 "re-check/restart jobs queued or running", value=self._jobs())
+        restarting = GaugeMetricFamily("hangwatch_webhook_group_restarting",
+                                       "targets of the group restarting now: restarted, not yet seen idle or "
+                                       "busy again, within recovery (group_limit counts these)", labels=["group"])
+        for group, count in sorted(self._group_restarting().items()):
+            restarting.add_metric([group], float(count))
+        yield restarting
 
 
 class WebhookMetrics:
-    def __init__(self, circuit_open: Callable[[], dict[str, bool]], jobs: Callable[[], int]):
+    def __init__(self, circuit_open: Callable[[], dict[str, bool]], jobs: Callable[[], int],
+                 group_restarting: Callable[[], dict[str, int]] = dict):
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("hangwatch_webhook_requests", "HTTP requests answered, by status code",
                                 ["code"], registry=self.registry)
@@ -49,15 +65,23 @@ class WebhookMetrics:
                                  ["action", "reason"], registry=self.registry)
         self.restarts = Counter("hangwatch_webhook_restarts", "container restarts, by target and result",
                                 ["target", "result"], registry=self.registry)
-        self.registry.register(_StateCollector(circuit_open, jobs))
+        self.withheld = Counter("hangwatch_webhook_restarts_withheld",
+                                "targets re-checked hung and not restarted because a fleet-wide limit was "
+                                "reached (limit: group = group_limit, fleet = fleet_budget); left to people",
+                                ["target", "group", "limit"], registry=self.registry)
+        self.registry.register(_StateCollector(circuit_open, jobs, group_restarting))
 
-    def preset(self, targets, reasons, restart_reasons=("hung",)) -> None:
-        """Create every series at 0, so rate(), increase() and annotations see the first event."""
+    def preset(self, targets, reasons, restart_reasons=("hung",), groups=None) -> None:
+        """Create every series at 0, so rate(), increase() and annotations see the first event.
+        ``groups``: target name -> its group (None: no group)."""
         for reason in reasons:
             self.decisions.labels("restart" if reason in restart_reasons else "skip", reason)
         for target in targets:
             for result in ("ok", "failed"):
                 self.restarts.labels(target, result)
+            group = (groups or {}).get(target)
+            for limit in (("group", "fleet") if group else ("fleet",)):
+                self.withheld.labels(target, group or "", limit)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,12 +2,22 @@
 
 The alert is only a hint. A restart needs all of: the alert began no later than now (plus a
 small clock skew); the container exists, runs, and has not been (re)started since the alert
-began; the target is out of its cooldown and inside its restart budget; and the webhook's
-*own* re-check of the backend (the verdict core in ``hangwatch.check``) says ``hung``. The
-final checks and the restart run under a file lock per target, after re-reading the ledger,
-so two replicas sharing a state_dir and a Docker engine restart once. No restart without its
-records: the incident record and the ledger's restart line are written first, and if either
-cannot be written the answer is no (``ledger_error``).
+began; the target is out of its cooldown and inside its restart budget; the webhook's
+*own* re-check of the backend (the verdict core in ``hangwatch.check``) says ``hung``; and
+the fleet-wide limits (``limits.py``: per group, across the fleet) leave room. The final
+checks and the restart run under a file lock per target, after re-reading the ledger, so two
+replicas sharing a state_dir restart once; the fleet-wide limits are checked and the restart
+recorded as one step under the fleet lock, so they hold across replicas too. No restart
+without its records: the incident record and the ledger's restart line are written first,
+and if either cannot be written the answer is no (``ledger_error``).
+
+Each target lives on one Docker host (``Target.docker_host``), reached through its own
+restarter: the container lookup, the "already restarted since the alert began" check, the
+log tail and the restart all go to that host; cooldown, budget, circuit and incident records
+are per target, wherever it lives. A restart of a target in a ``group`` is followed by a
+*recovery watch*: the verdict core reads the backend until it is idle or busy again (a
+``recovered`` ledger line, which settles the restart for the group limit) or ``recovery``
+has passed.
 
 Every outcome is one log line and one counter; every decision about a configured target is
 also one ledger line. Alerts that are not ours to act on (resolved, another alertname, an
@@ -15,7 +25,7 @@ unknown target, a container label that does not match) are only logged and count
 sends them at every group interval, and a ledger line each would grow it without telling anyone
 anything the counter does not.
 
-The container engine is behind ``restarter.Restarter``; this module never imports Docker.
+The container engines are behind ``restarter.Restarter``; this module never imports Docker.
 """
 from __future__ import annotations
 
@@ -27,10 +37,11 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Callable, Mapping
 
+from . import limits
 from .config import Config, Target
-from .ledger import Ledger, LedgerError, target_lock, write_incident
+from .ledger import Ledger, LedgerError, fleet_lock, target_lock, write_incident
 from .metrics import WebhookMetrics
 from .payload import Alert
 from .restarter import Container, ContainerNotFound, EngineError, Restarter
@@ -42,6 +53,8 @@ LOG_TAIL_LINES = 100
 MAX_SHOWN = 120         # characters of an untrusted label value in a log line
 MAX_CLOCK_SKEW = 30.0   # seconds an alert's startsAt may lie ahead of our clock
 STOPPING = "re-check said hung while the webhook was stopping"
+FLEET_LOCK_DEADLINE = 30.0  # seconds; the fleet lock is held for a ledger read and two writes
+HEALTHY = ("idle", "busy")  # what the recovery watch must see to settle a restart
 
 # Every reason a decision can give (the `reason` label of decisions_total; a fixed set).
 REASONS = (
@@ -59,6 +72,8 @@ REASONS = (
     "already_restarted",        # started after the alert began (re-send, another replica)
     "cooldown",                 # restarted less than `cooldown` ago
     "circuit_open",             # the restart budget is spent
+    "group_limit",              # hung, but group_limit targets of its group are restarting (limits.py)
+    "fleet_limit",              # hung, but fleet_budget restarts across the fleet are spent (limits.py)
     "recheck_idle", "recheck_busy", "recheck_restarted", "recheck_blind", "recheck_down",
     "recheck_error",            # the re-check itself failed
     "lock_timeout",             # another replica held the target's lock too long
@@ -90,10 +105,10 @@ def show(value) -> str:
 
 
 class Policy:
-    def __init__(self, config: Config, *, restarter: Restarter, clock: Callable[[], float], rechecker,
-                 ledger: Ledger, metrics: WebhookMetrics, dry_run: bool, replica: str | None = None):
+    def __init__(self, config: Config, *, restarter: Restarter | Mapping[str, Restarter], clock: Callable[[], float],
+                 rechecker, ledger: Ledger, metrics: WebhookMetrics, dry_run: bool, replica: str | None = None):
         self.config = config
-        self.restarter = restarter
+        self.engines = engines_for(config, restarter)
         self.clock = clock
         self.rechecker = rechecker
         self.ledger = ledger
@@ -103,6 +118,8 @@ class Policy:
         self._phase = threading.Condition()
         self._stopping = False
         self._restarting = 0  # jobs past the point of no return (records written, restart under way)
+        self._unwatch = threading.Event()   # set: recovery watches end at once
+        self._watches: set[threading.Thread] = set()
 
     # -- the cheap part, in the request -------------------------------------------------
     def triage(self, alert: Alert) -> Target | None:
@@ -128,9 +145,13 @@ class Policy:
                                f"ahead of this host's clock (more than {MAX_CLOCK_SKEW:g}s)")
         return target
 
+    def engine(self, target: Target) -> Restarter:
+        """The restarter of the Docker host the target lives on."""
+        return self.engines[target.docker_host.name]
+
     def container(self, target: Target) -> Container:
-        """The configured container (ContainerNotFound, EngineError)."""
-        return self.restarter.find(target.container)
+        """The configured container, on the target's own host (ContainerNotFound, EngineError)."""
+        return self.engine(target).find(target.container)
 
     # -- the slow part, in the worker ---------------------------------------------------
     def run(self, job: Job) -> None:
@@ -214,38 +235,136 @@ class Policy:
         if self.dry_run:
             self.record(alert, target, RESTART, "hung", result.verdict.reason, dry_run=True)
             return
-        now = self.clock()
-        stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         incident = {
             "target": target.name, "container": target.container, "container_id": container.id,
-            "url": target.url, "module": target.module, "replica": self.replica, "decided_at": _iso_ts(now),
+            "docker_host": target.docker_host.name, "group": target.group,
+            "url": target.url, "module": target.module, "replica": self.replica,
             "alert": {"labels": {k: v[:512] for k, v in list(alert.labels.items())[:64]},
                       "startsAt": _iso(alert.starts_at)},
             "container_started_at": container.started_at_text,
             "recheck": _safe(result.as_json),
             "observations": [_safe(o.as_dict) for o in result.observations],
-            "logs": self._log_tail(container),
+            "logs": self._log_tail(target, container),  # a Docker call: before the fleet lock, not under it
         }
-        # Both records before the call: a crash mid-restart still spends budget and starts
-        # cooldown. If either cannot be written, there is no restart (fail closed).
         try:
-            path = write_incident(self.config.state_dir, f"{stamp}-{target.name}-{os.getpid()}", incident)
-            self.ledger.append({"event": "restart", "at": now, "target": target.name,
-                                "container": target.container, "replica": self.replica, "incident": path})
-        except LedgerError as exc:
-            self.record(alert, target, SKIP, "ledger_error", f"no restart without its record: {exc}")
+            recorded = self._record_restart(alert, target, incident)
+        except TimeoutError as exc:
+            self.record(alert, target, SKIP, "shutting_down" if self.stopping else "lock_timeout", str(exc))
             return
+        if recorded is None:
+            return
+        now, path = recorded
         try:
-            self.restarter.restart(container, target.stop_timeout)
+            self.engine(target).restart(container, target.stop_timeout)
             outcome, detail = "ok", result.verdict.reason
         except Exception as exc:
             outcome, detail = "failed", f"restart failed: {type(exc).__name__}: {str(exc)[:200]}"
         self.metrics.restarts.labels(target.name, outcome).inc()
         self.record(alert, target, RESTART, "hung", detail, result=outcome, incident=path)
+        if outcome == "ok" and target.group is not None:
+            self._watch_recovery(target, now)
         counted = self.ledger.restarts_counted(target.name, self.clock(), self.config.budget.window)
         if len(counted) >= self.config.budget.restarts:
             log.error("CIRCUIT OPEN target=%s container=%s %s", target.name, target.container,
                       self._circuit_detail(counted))
+
+    def _record_restart(self, alert: Alert, target: Target, incident: dict) -> tuple[float, str] | None:
+        """Under the fleet lock: the fleet-wide limits, then both records (before the Docker call: a
+        crash mid-restart still spends budget, starts cooldown and holds the group's slot). Returns
+        (when, incident path), or None with the skip recorded. If a record cannot be written there
+        is no restart (fail closed)."""
+        with fleet_lock(self.config.state_dir, deadline=FLEET_LOCK_DEADLINE, cancelled=lambda: self.stopping):
+            try:
+                self.ledger.refresh()  # what other targets' jobs and replicas recorded meanwhile
+            except LedgerError as exc:
+                return self.record(alert, target, SKIP, "ledger_error", str(exc))
+            now = self.clock()
+            limited = limits.withheld(self.config, self.ledger, target, now)
+            if limited is None:
+                stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+                incident["decided_at"] = _iso_ts(now)
+                try:
+                    path = write_incident(self.config.state_dir, f"{stamp}-{target.name}-{os.getpid()}", incident)
+                    self.ledger.append({"event": "restart", "at": now, "target": target.name,
+                                        "container": target.container, "docker_host": target.docker_host.name,
+                                        "group": target.group, "replica": self.replica, "incident": path})
+                except LedgerError as exc:
+                    return self.record(alert, target, SKIP, "ledger_error", f"no restart without its record: {exc}")
+                return now, path
+        reason, detail = limited
+        self.metrics.withheld.labels(target.name, target.group or "", limits.LIMIT_LABELS[reason]).inc()
+        return self.record(alert, target, SKIP, reason, detail)
+
+    # -- after a restart: is the backend healthy again? -------------------------------------
+    def _watch_recovery(self, target: Target, restarted_at: float) -> None:
+        thread = threading.Thread(target=self._watch, args=(target, restarted_at), daemon=True,
+                                  name=f"hangwatch-recovery-{target.name}")
+        with self._phase:
+            if self._stopping or self._unwatch.is_set():
+                return
+            self._watches.add(thread)
+        thread.start()
+
+    def _watch(self, target: Target, restarted_at: float) -> None:
+        """Read the backend with the verdict core until it is idle or busy (a ``recovered`` line)
+        or ``recovery`` has passed since the restart; ends at once when the webhook stops."""
+        try:
+            deadline = restarted_at + self.config.recovery
+            while not self._unwatch.is_set() and self.clock() < deadline:
+                try:
+                    state = self.rechecker(target.url, module=target.module, interval=self.config.recheck.interval,
+                                           timeout=self.config.recheck.timeout, api_key=target.api_key,
+                                           probe=target.probe).verdict.state
+                except Exception as exc:  # a backend still loading may fail oddly: keep watching
+                    state = f"error ({type(exc).__name__})"
+                if state in HEALTHY and not self._unwatch.is_set():
+                    now = self.clock()
+                    try:
+                        self.ledger.append({"event": "recovered", "at": now, "target": target.name,
+                                            "restart_at": restarted_at, "verdict": state, "replica": self.replica})
+                    except LedgerError as exc:  # the restart then holds the slot until recovery passes
+                        log.error("ledger: cannot record that %s recovered: %s", target.name, exc)
+                        return
+                    log.info("recovered target=%s docker_host=%s verdict=%s after=%.0fs", target.name,
+                             target.docker_host.name, state, now - restarted_at)
+                    return
+                self._unwatch.wait(self.config.recheck.interval)
+            if not self._unwatch.is_set():
+                log.warning("not recovered target=%s docker_host=%s: not idle or busy within recovery %gs "
+                            "of its restart; it no longer counts as restarting for group %s",
+                            target.name, target.docker_host.name, self.config.recovery, target.group)
+        finally:
+            with self._phase:
+                self._watches.discard(threading.current_thread())
+                self._phase.notify_all()
+
+    def watching(self) -> int:
+        with self._phase:
+            return len(self._watches)
+
+    def wait_watches(self, timeout: float) -> bool:
+        """True once no recovery watch runs; False if ``timeout`` s pass first."""
+        deadline = time.monotonic() + timeout
+        with self._phase:
+            while self._watches:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._phase.wait(left)
+        return True
+
+    def stop_watching(self) -> None:
+        self._unwatch.set()
+
+    def group_restarting(self) -> dict[str, int]:
+        """Per group, how many of its targets are restarting now (for the gauge)."""
+        try:
+            self.ledger.refresh()
+        except LedgerError as exc:
+            log.error("%s", exc)
+        now = self.clock()
+        groups = sorted({t.group for t in self.config.targets if t.group is not None})
+        return {group: len(limits.restarting(self.config, self.ledger, group, now)) for group in groups}
 
     def _circuit_detail(self, counted: list[float]) -> str:
         budget = self.config.budget
@@ -253,9 +372,9 @@ class Policy:
         return (f"{len(counted)} restarts within {budget.window:g}s (budget {budget.restarts}); no restarts "
                 f"until {_iso_ts(closes)} or POST /circuit/<target>/reset")
 
-    def _log_tail(self, container: Container) -> list[str]:
+    def _log_tail(self, target: Target, container: Container) -> list[str]:
         try:
-            return self.restarter.log_tail(container, LOG_TAIL_LINES)[-LOG_TAIL_LINES:]
+            return self.engine(target).log_tail(container, LOG_TAIL_LINES)[-LOG_TAIL_LINES:]
         except Exception as exc:
             return [f"(logs unavailable: {type(exc).__name__}: {str(exc)[:200]})"]
 
@@ -280,6 +399,7 @@ class Policy:
         """No restart begins from now on; wait up to ``timeout`` s for those under way.
         True if none is left. Jobs still re-checking are abandoned (Alertmanager re-sends)."""
         deadline = time.monotonic() + timeout
+        self._unwatch.set()
         with self._phase:
             self._stopping = True
             while self._restarting:
@@ -303,10 +423,13 @@ class Policy:
         if action == RESTART and self.dry_run:
             fields.append(("dry_run", "true"))
         fields += [(k, v) for k, v in extra.items() if k != "dry_run"]
+        if target is not None:
+            fields.append(("docker_host", target.docker_host.name))
         if detail:
             fields.append(("detail", detail))
         line = " ".join(f"{key}={show(value)}" for key, value in fields)
-        level = logging.ERROR if reason in ("circuit_open", "ledger_error") else logging.INFO
+        level = logging.ERROR if reason in ("circuit_open", "ledger_error", "group_limit", "fleet_limit") \
+            else logging.INFO
         log.log(level, "%s", line)
         if alert is not None and log.isEnabledFor(logging.DEBUG):
             log.debug("alert labels=%s", show(json.dumps(labels, sort_keys=True)[:2000]))
@@ -318,6 +441,7 @@ class Policy:
                 "event": "decision", "at": self.clock(), "replica": self.replica,
                 "alertname": _cut(alertname), "target": _cut(target_name), "container": _cut(container),
                 "action": action, "reason": reason, "dry_run": action == RESTART and self.dry_run,
+                "docker_host": target.docker_host.name if target else None,
                 "detail": _cut(detail, 500), **{k: _cut(v) for k, v in extra.items() if k != "dry_run"}})
         except LedgerError as exc:
             log.error("ledger: the decision above is not recorded: %s", exc)
@@ -340,6 +464,18 @@ class Policy:
         if self.ledger.reset_at(target.name) < at:
             raise LedgerError("the reset was written but does not read back")
         log.warning("circuit reset target=%s container=%s by operator request", target.name, target.container)
+
+
+def engines_for(config: Config, restarter: Restarter | Mapping[str, Restarter]) -> dict[str, Restarter]:
+    """Host name -> restarter for every host a target lives on. One restarter (tests, the demo)
+    serves them all; a mapping must name each one (a target without an engine is a bug)."""
+    names = [host.name for host in config.hosts]
+    if not isinstance(restarter, Mapping):
+        return {name: restarter for name in names}
+    missing = [name for name in names if name not in restarter]
+    if missing:
+        raise ValueError(f"no restarter for docker host(s) {', '.join(missing)}")
+    return dict(restarter)
 
 
 def _safe(call):

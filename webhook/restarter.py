@@ -14,6 +14,14 @@ socket proxy lets through (``docker-compose.yml``, service ``docker-proxy``)::
     GET  /vX/containers/{id}/logs?tail=N        (the incident record's log tail)
     POST /vX/containers/{id}/restart?t=S        (the restart)
 
+Each Docker host gets its own ``DockerRestarter`` and its own Docker SDK client
+(``docker_restarters``): the default engine from the environment (``DOCKER_HOST`` or the
+local socket), a ``unix://`` socket, ``tcp://`` with the TLS files named in the config
+(the engine's certificate is verified against ``ca_file``, and the client presents
+``cert_file``/``key_file``), or ``ssh://`` through the SDK's SSH transport. A client is made
+on first use and again after a failure, so a host that is down at start-up or goes away
+later costs only its own targets.
+
 A container is looked up by its exact name and then addressed by its ID: Docker resolves a
 bare ``/containers/{name}`` by ID prefix too, so a configured name that matches no container
 could otherwise reach another container whose ID happens to start with those letters.
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from .hosts import DockerHost
 from .payload import parse_rfc3339
 
 DOCKER_TIMEOUT = 10.0  # seconds per Engine API call; a restart gets its stop timeout on top
@@ -80,21 +89,58 @@ def container_from_inspect(attrs: dict) -> Container:
                      started_at=started, started_at_text=text if isinstance(text, str) else None)
 
 
-class DockerRestarter:
-    """The Docker Engine API through the Docker SDK; the engine is reached on first use, so
-    the webhook may start before it (``DOCKER_HOST`` selects a socket proxy or another host)."""
+def docker_api(host: DockerHost | None, timeout: float = DOCKER_TIMEOUT):
+    """The Docker SDK's own API client for one host, its API version asked of the engine.
 
-    def __init__(self, client=None, *, timeout: float = DOCKER_TIMEOUT):
-        self._client = client
+    A host from the config uses only what the config says: the requests session ignores the
+    environment (``trust_env``). Otherwise ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE``, which
+    many machines set, replaces the configured ``ca_file`` on every call and the engine's
+    certificate fails to verify ("unable to get local issuer certificate"), and an
+    ``HTTPS_PROXY`` would carry the Engine API through a proxy."""
+    import docker
+    if host is None or host.url is None:
+        return docker.from_env(timeout=timeout).api  # $DOCKER_HOST, $DOCKER_TLS_VERIFY, $DOCKER_CERT_PATH
+    options: dict = {"base_url": host.url, "timeout": timeout}
+    if host.tls is not None:
+        options["tls"] = docker.tls.TLSConfig(client_cert=(host.tls.cert_file, host.tls.key_file),
+                                              ca_cert=host.tls.ca_file, verify=True)
+    if host.url.startswith("ssh://"):
+        options["use_ssh_client"] = False  # paramiko: known_hosts enforced, ~/.ssh/config read
+    asking = docker.APIClient(version=docker.constants.MINIMUM_DOCKER_API_VERSION, **options)
+    asking.trust_env = False
+    try:
+        version = asking.version(api_version=False)["ApiVersion"]
+    finally:
+        asking.close()
+    api = docker.APIClient(version=version, **options)
+    api.trust_env = False
+    return api
+
+
+def docker_restarters(config, timeout: float = DOCKER_TIMEOUT) -> dict[str, "DockerRestarter"]:
+    """One ``DockerRestarter`` per Docker host a target lives on, by host name."""
+    return {host.name: DockerRestarter(host=host, timeout=timeout) for host in config.hosts}
+
+
+class DockerRestarter:
+    """The Docker Engine API of one host through the Docker SDK; the engine is reached on first
+    use (and again after a failure), so the webhook may start before it."""
+
+    def __init__(self, client=None, *, host: DockerHost | None = None, timeout: float = DOCKER_TIMEOUT):
+        self._api_client = client.api if client is not None else None  # a docker.DockerClient, or made here
+        self._host = host
         self._timeout = timeout
         self._lock = threading.Lock()
 
     def _api(self):
         with self._lock:
-            if self._client is None:
-                import docker
-                self._client = docker.from_env(timeout=self._timeout)
-            return self._client.api
+            if self._api_client is None:
+                try:
+                    self._api_client = docker_api(self._host, self._timeout)
+                except Exception as exc:  # unreachable now; the next call tries again
+                    where = self._host.name if self._host else "default"
+                    raise EngineError(f"docker host {where}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            return self._api_client
 
     def find(self, name: str) -> Container:
         from docker.errors import NotFound
@@ -109,6 +155,8 @@ class DockerRestarter:
             raise
         except NotFound:  # removed between the list and the inspect
             raise ContainerNotFound(name) from None
+        except EngineError:
+            raise
         except Exception as exc:  # ConnectionError, APIError 5xx, timeouts, DockerException
             raise EngineError(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
         container = container_from_inspect(attrs)

@@ -50,7 +50,7 @@ class Server:
 
     @property
     def port(self) -> int:
-        return self._server.effective_port
+        return int(self._server.effective_port)  # waitress gives it as text
 
     def request_stop(self, wake: bool = True) -> None:
         """Stop serving soon. From a signal handler pass ``wake=False`` (only a flag is set)."""

@@ -103,10 +103,12 @@ def result(state: str = "hung", reason: str | None = None, running: float = 1) -
 
 
 class FakeRechecker:
-    """Answers a fixed verdict; can block on an event to keep a job 'running'."""
+    """Answers a fixed verdict (``by_url`` overrides it per backend URL); can block on an event
+    to keep a job 'running'."""
 
     def __init__(self, state: str = "hung"):
         self.state = state
+        self.by_url: dict[str, str] = {}
         self.calls: list[dict] = []
         self.gate: threading.Event | None = None
         self.lock = threading.Lock()
@@ -117,9 +119,10 @@ class FakeRechecker:
                                "api_key": api_key, "probe": probe})
         if self.gate is not None:
             assert self.gate.wait(10), "test never released the re-check"
-        if isinstance(self.state, Exception):
-            raise self.state
-        return result(self.state)
+        state = self.by_url.get(url, self.state)
+        if isinstance(state, Exception):
+            raise state
+        return result(state)
 
 
 def alert(*, status="firing", alertname="HangwatchBackendHung", target="vllm-a", container="vllm-a",

@@ -91,9 +91,8 @@ def docker_client(dockerd):
     client.close()
 
 
-@pytest.fixture(scope="session")
-def backend_image(docker_client):
-    require(os.path.exists(HOST_PYTHON), f"{HOST_PYTHON} (the host's Python, bind-mounted into the test image)")
+def image_tar() -> bytes:
+    """The test image's root: empty directories and /lib, /bin symlinks into the host's /usr."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name in ("usr", "tmp", "proc", "sys", "dev", "etc", "sbin", "app", "mode"):
@@ -104,7 +103,13 @@ def backend_image(docker_client):
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, f"usr/{name}"
             tar.addfile(info)
-    made = subprocess.run(["docker", "import", "-", IMAGE], input=buffer.getvalue(), capture_output=True, timeout=60)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="session")
+def backend_image(docker_client):
+    require(os.path.exists(HOST_PYTHON), f"{HOST_PYTHON} (the host's Python, bind-mounted into the test image)")
+    made = subprocess.run(["docker", "import", "-", IMAGE], input=image_tar(), capture_output=True, timeout=60)
     assert made.returncode == 0, made.stderr.decode(errors="replace")
     yield IMAGE
     try:
@@ -116,12 +121,12 @@ def backend_image(docker_client):
 class Backend:
     """One fake-vLLM container; ``mode`` flips hung/busy/idle; ``restarts()`` counts Docker's restart events."""
 
-    def __init__(self, client, image, directory: pathlib.Path, ignore_sigterm: bool = False):
+    def __init__(self, client, image, directory: pathlib.Path, ignore_sigterm: bool = False, name: str | None = None):
         self.client = client
-        self.name = f"hw-test-{uuid.uuid4().hex[:8]}"
+        self.name = name or f"hw-test-{uuid.uuid4().hex[:8]}"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.mode_dir = directory / self.name
+        self.mode_dir = directory / f"{self.name}-{self.port}"
         self.mode_dir.mkdir(parents=True)
         self.set_mode("hung")
         self.created = int(time.time()) - 1
@@ -189,14 +194,15 @@ def webhook_config(tmp_path: pathlib.Path, backends, *, state_dir=None, cooldown
 class WebhookProcess:
     """``hangwatch webhook`` as a real process on a free loopback port."""
 
-    def __init__(self, config: pathlib.Path, log_path: pathlib.Path, *extra: str):
+    def __init__(self, config: pathlib.Path, log_path: pathlib.Path, *extra: str, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "hangwatch", "webhook", "--config", str(config), "--listen",
-             f"127.0.0.1:{self.port}", *extra], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
+             f"127.0.0.1:{self.port}", *extra], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})})
         wait_for(lambda: self.process.poll() is not None or answers(self.url + "/healthz"), 20, "webhook /healthz")
         assert self.process.poll() is None, self.log()
 

@@ -59,7 +59,7 @@ BAD = {
     "duplicate name": ("targets:\n" + GOOD_TARGET + "  - {name: vllm-a, container: b, url: 'http://127.0.0.1:1'}\n",
                        "targets[1].name: 'vllm-a' is already used by targets[0]"),
     "duplicate container": ("targets:\n" + GOOD_TARGET + "  - {name: b, container: vllm-a, url: 'http://127.0.0.1:1'}\n",
-                            "targets[1].container: 'vllm-a' is already used by targets[0]"),
+                            "targets[1].container: 'vllm-a' on docker host 'default' is already used by targets[0]"),
     "url scheme": ("targets:\n  - {name: a, container: a, url: 'ftp://127.0.0.1:1'}\n", "targets[0].url: 'ftp://127.0.0.1:1' must be http(s)"),
     "url no host": ("targets:\n  - {name: a, container: a, url: 'http://'}\n", "targets[0].url:"),
     "url bad port": ("targets:\n  - {name: a, container: a, url: 'http://h:99999'}\n", "targets[0].url: 'http://h:99999' is not a URL"),
@@ -180,5 +180,5 @@ def test_bad_config_exits_non_zero_naming_the_key_before_binding(tmp_path):
     holder.close()
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == ["hangwatch webhook: targets[1].contanier: unknown key "
-                                                "(known: api_key_file, container, module, name, probe, "
-                                                "stop_timeout, url)"]
+                                                "(known: api_key_file, container, docker_host, group, "
+                                                "module, name, probe, stop_timeout, url)"]

@@ -160,3 +160,31 @@ def test_inspect_answers_become_containers():
     odd = container_from_inspect({"Id": "x", "Name": "/a", "State": {"Running": True, "StartedAt": "yesterday"}})
     assert odd.started_at is None and odd.running and odd.started_at_text == "yesterday"
     assert container_from_inspect({}).status == "unknown"
+
+
+def test_a_configured_host_gets_its_own_client_that_ignores_requests_environment(engine, monkeypatch):
+    """A docker_hosts engine is reached as the config says, whatever the environment says:
+    before, a proxy (or REQUESTS_CA_BUNDLE, for a TLS host) from the environment was used."""
+    from hangwatch.webhook.config import parse_config
+    from hangwatch.webhook.restarter import docker_restarters
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "")
+    config = parse_config({"docker_hosts": {"fake": {"url": engine.url}}, "targets": [
+        {"name": "a", "container": "vllm-a", "url": "http://127.0.0.1:1", "docker_host": "fake"},
+        {"name": "b", "container": "vllm-a", "url": "http://127.0.0.1:2"}]})
+    restarters = docker_restarters(config)
+    assert sorted(restarters) == ["default", "fake"]
+    container = restarters["fake"].find("vllm-a")
+    assert container.id == CID
+    assert engine.calls[0][:2] == ("GET", "/version")  # the API version, asked once, unversioned
+    assert any(p == f"/v1.41/containers/{CID}/json" for _, p, _ in engine.calls)
+
+
+def test_a_host_that_is_down_is_an_engine_error_naming_it_and_is_tried_again(engine):
+    from hangwatch.webhook.hosts import DockerHost
+    restarter = DockerRestarter(host=DockerHost("gpu-9", "tcp://127.0.0.1:9"), timeout=2)
+    with pytest.raises(EngineError, match="docker host gpu-9: ConnectionError"):
+        restarter.find("vllm-a")
+    restarter._host = DockerHost("gpu-9", engine.url)  # it came back (same restarter, no client kept)
+    assert restarter.find("vllm-a").id == CID

@@ -169,3 +169,12 @@ def closed_listener(url: str) -> bool:
         return False
     except requests.ConnectionError:
         return True
+
+
+def test_the_listening_line_names_the_port_it_got(served, caplog):
+    """Before: waitress gives the port as text, ``%d`` failed, and the line was never logged."""
+    import logging
+    caplog.set_level(logging.INFO, logger="hangwatch.webhook")
+    s = served()
+    assert isinstance(s.server.port, int)
+    assert f"webhook listening on http://127.0.0.1:{s.server.port}" in caplog.text

@@ -1,0 +1,91 @@
+"""A real OpenSSH server on 127.0.0.1 for the webhook's ``ssh://`` Docker host, as a GPU box
+reached over SSH would be: the Docker SDK's SSH transport (paramiko) logs in with a key and
+runs ``docker system dial-stdio`` there, which speaks to that box's engine.
+
+Everything is in one temporary directory: the host key, the server config, the client's
+HOME (its key and a ``known_hosts`` holding the server's key: the SDK refuses unknown host
+keys). The key may do nothing but dial the engine (``restrict,command="docker system
+dial-stdio"`` in ``authorized_keys``), which is how a fleet should hand out such a key.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from tests.support.require import require, require_binary
+
+from .real_parts import free_port
+
+START_DEADLINE = 20.0
+
+
+class SSHServer:
+    def __init__(self):
+        sshd = require_binary("sshd")
+        keygen = require_binary("ssh-keygen")
+        require(os.geteuid() == 0, "root, to run sshd")
+        from hangwatch.webhook.hosts import ssh_transport_missing
+        require(ssh_transport_missing() is None, "paramiko, the Docker SDK's SSH transport (pip install 'docker[ssh]')")
+        self.root = pathlib.Path(tempfile.mkdtemp(prefix="hw-sshd-", dir="/tmp"))
+        self.home = self.root / "home"
+        (self.home / ".ssh").mkdir(parents=True, mode=0o700)
+        for key in (self.root / "host_key", self.home / ".ssh" / "id_ed25519"):
+            subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
+        client_key = (self.home / ".ssh" / "id_ed25519.pub").read_text().strip()
+        authorized = self.root / "authorized_keys"
+        authorized.write_text(f'restrict,command="docker system dial-stdio" {client_key}\n')
+        self.port = free_port()
+        host_key = (self.root / "host_key.pub").read_text().split()
+        (self.home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n")
+        config = self.root / "sshd_config"
+        config.write_text("\n".join([
+            "ListenAddress 127.0.0.1", f"Port {self.port}", f"HostKey {self.root / 'host_key'}",
+            f"PidFile {self.root / 'sshd.pid'}", f"AuthorizedKeysFile {authorized}",
+            "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "UsePAM no", "StrictModes no", "LogLevel VERBOSE", ""]))
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        self.log_path = self.root / "sshd.log"
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)], stdout=self._log,
+                                        stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_DEADLINE
+        while f"Server listening on 127.0.0.1 port {self.port}" not in self.log():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise AssertionError(f"sshd did not start:\n{self.log()[-2000:]}")
+            time.sleep(0.05)
+        self.url = f"ssh://root@127.0.0.1:{self.port}"
+        self._keygen = keygen
+
+    def impostor_home(self) -> pathlib.Path:
+        """A HOME with the same client key whose known_hosts holds another key for this server
+        (what a man in the middle, or a reinstalled box, looks like)."""
+        home = self.root / "impostor-home"
+        shutil.copytree(self.home, home)
+        subprocess.run([self._keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(self.root / "other_key")],
+                       check=True, timeout=30)
+        other = (self.root / "other_key.pub").read_text().split()
+        (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {other[0]} {other[1]}\n")
+        return home
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def close(self) -> None:
+        self.stop()
+        self._log.close()
+        shutil.rmtree(self.root, ignore_errors=True)
