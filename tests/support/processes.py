@@ -6,8 +6,9 @@ until it answers, and stops it by PID — SIGCONT first (a stopped process canno
 SIGTERM), SIGTERM to its group, SIGKILL after a deadline. It also dies with the Python
 process that started it (PR_SET_PDEATHSIG), so a killed test run leaves nothing behind.
 
-:func:`start_on_free_port` is for the few servers that must be told their port before they
-bind it: when the port was taken meanwhile, it starts them again on another.
+A server that must be told its port before it binds (a FastChat worker, vLLM) is started on
+``ports.free_port()`` and started again on another port when ``ports.address_in_use`` finds
+the bind failure in its log; see ``tests/real_fastchat/fleet.py`` and ``tests/real/vllm_server.py``.
 """
 from __future__ import annotations
 
@@ -15,14 +16,13 @@ import ctypes
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Callable
 
 import requests
 
-from .ports import address_in_use, free_port, listening_ports
-from .wait import WaitTimeout, wait_until
+from .ports import listening_ports
+from .wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,11 +32,13 @@ except (OSError, AttributeError):
     _prctl = None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the thread that started it ends (start servers
+def _die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """For the child before exec: ``sig`` when the thread that started it ends (start servers
     from a thread that lives as long as they should: pytest's main thread)."""
-    if _prctl is not None:
-        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    def arm() -> None:
+        if _prctl is not None:
+            _prctl(1, sig)  # PR_SET_PDEATHSIG
+    return arm
 
 
 class ProcessExited(RuntimeError):
@@ -47,9 +49,9 @@ class Process:
     """One command running in its own process group, output in ``log_path``."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path | str, *, env: dict | None = None,
-                 cwd: Path | str = REPO, port: int | None = None):
+                 cwd: Path | str = REPO, port: int | None = None, death_signal: int = signal.SIGTERM):
         self.name, self.argv, self.log_path = name, list(argv), Path(log_path)
-        self.env, self.cwd = env, cwd
+        self.env, self.cwd, self.death_signal = env, cwd, death_signal
         self.port = port          # known in advance, or found by wait_port()
         self.popen: subprocess.Popen | None = None
         self._offset = 0
@@ -59,7 +61,8 @@ class Process:
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, cwd=self.cwd, env=self.env,
-                                          start_new_session=True, preexec_fn=_die_with_parent)
+                                          start_new_session=True,
+                                          preexec_fn=_die_with_parent(self.death_signal))
         return self
 
     @property
@@ -177,29 +180,3 @@ def start_server(name: str, argv: list[str], log_path: Path | str, ready_path: s
     except BaseException:
         process.stop()
         raise
-
-
-def start_on_free_port(name: str, make_argv: Callable[[int], list[str]], log_path: Path | str,
-                       ready: Callable[[Process], object], *, attempts: int = 5,
-                       env: dict | None = None, cwd: Path | str = REPO) -> Process:
-    """Start a server that must be given its port: on a :func:`free_port`, and again on
-    another when it exits saying the port was taken. ``ready(process)`` waits for it (raising
-    :class:`ProcessExited` when it died)."""
-    for attempt in range(1, attempts + 1):
-        port = free_port()
-        process = Process(name, make_argv(port), log_path, env=env, cwd=cwd, port=port)
-        offset = process.log_size()
-        process.start()
-        try:
-            ready(process)
-            return process
-        except (ProcessExited, WaitTimeout):
-            process.stop()
-            if attempt < attempts and address_in_use(process.log_since(offset)):
-                time.sleep(0.1)
-                continue
-            raise
-        except BaseException:
-            process.stop()
-            raise
-    raise AssertionError("unreachable")
