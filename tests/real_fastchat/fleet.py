@@ -187,10 +187,16 @@ class Fleet:
         return worker
 
     def wait_forgotten(self, url: str) -> None:
-        """After a worker at ``url`` died: wait until the controller has dropped it (heartbeat
-        expiry), if it ever registered. Until then the controller still routes to it."""
-        wait_until(lambda: url not in self.controller.log() or f"Remove stale worker: {url}" in self.controller.log(),
-                   4 * HEARTBEAT_EXPIRATION, f"the controller to drop {url}", interval=0.2)
+        """After a worker at ``url`` died: make the controller drop it now, if it ever registered
+        (heartbeat expiry would, silently, up to two expiry periods later; until then the
+        controller still routes to it). ``/refresh_all_workers`` asks every registered worker's
+        status and logs each one it drops; the live workers register again."""
+        if url not in self.controller.log():
+            return
+        offset = self.controller.log_size()
+        requests.post(self.controller.url + "/refresh_all_workers", timeout=60).raise_for_status()
+        wait_until(lambda: f"Remove stale worker: {url}" in self.controller.log_since(offset), 10,
+                   f"the controller to drop {url}")
 
     def start_api(self) -> Server:
         self.api = self._start_on_port_0("api", "fastchat.serve.openai_api_server",

@@ -6,6 +6,7 @@ as they were, shown by the controller's own log (it logs every registration, hea
 dispatch) and the workers' access logs.
 """
 import re
+import socket
 import threading
 import time
 
@@ -28,23 +29,45 @@ PROBE_LINE = re.compile(r'"POST /worker_generate HTTP')
 
 
 class Load:
-    """A long generation sent straight to a worker, in a thread (as the API server would)."""
+    """A long generation sent straight to a worker, in a thread (as the API server would).
+
+    :meth:`cancel` hangs up once the test has seen what it needs: the worker stops generating
+    for a client that is gone, instead of the test waiting thousands of tokens for nothing."""
 
     def __init__(self, worker_url: str, max_new_tokens: int = 6000):
         self.error = None
+        self.response = None
+        self.cancelled = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(worker_url, max_new_tokens), daemon=True)
         self.thread.start()
 
     def _run(self, url, n):
         try:
             with generate_stream(url, n) as response:
+                self.response = response
+                if self.cancelled.is_set():
+                    return
                 for _ in response.iter_content(None):
-                    pass
-        except requests.RequestException as exc:
-            self.error = exc
+                    if self.cancelled.is_set():
+                        return
+        except (requests.RequestException, AttributeError, ValueError) as exc:
+            if not self.cancelled.is_set():
+                self.error = exc
 
     def join(self, timeout=300):
         self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"the generation still runs after {timeout}s"
+
+    def cancel(self, timeout=30):
+        """Hang up; returns the error the load met before (None: it streamed until now)."""
+        self.cancelled.set()
+        if self.response is not None:
+            try:  # wakes the reading thread at once, and the worker sees the client gone
+                self.response.raw._fp.fp.raw._sock.shutdown(socket.SHUT_RDWR)
+            except (AttributeError, OSError):
+                self.response.close()
+        self.join(timeout)
+        return self.error
 
 
 def observe_every(url, module, until, interval=INTERVAL, timeout=TIMEOUT, limit=20):
@@ -77,8 +100,7 @@ def test_busy_worker_is_busy_unverified_and_never_probed(fleet):
     result = check(worker.url, module="fastchat_worker", interval=INTERVAL, timeout=TIMEOUT)
     assert (result.verdict.state, result.probe_sent, result.exit_code) == ("busy", False, 0)
     assert not PROBE_LINE.search(worker.log_since(offset)), "a busy worker was sent a generation request"
-    load.join()
-    assert load.error is None
+    assert load.cancel() is None
 
 
 def test_idle_worker_answers_its_one_token_probe(fleet):
@@ -115,6 +137,7 @@ def test_killed_worker_is_down(fleet):
     assert "connection refused" in result.verdict.reason
     assert result.exit_code == 2
     fleet.workers.remove(extra)
+    fleet.wait_forgotten(extra.url)  # the fleet as it was: the next test reads the controller's table
 
 
 def test_controller_and_api_checks_leave_dispatch_and_registration_unchanged(fleet):
