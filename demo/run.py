@@ -16,7 +16,6 @@ Alertmanager installed, the demo does their job in a few lines of Python and say
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time

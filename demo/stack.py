@@ -27,7 +27,6 @@ import yaml
 
 from tests.support.processes import Process, start_server
 from tests.support.stack import EXAMPLES, Stack as Chain
-from tests.support.wait import wait_until  # noqa: F401 (demo.run and the dashboard test wait with it)
 
 TARGET = "vllm-sim"          # the `target` label and the webhook's target name
 CONTAINER = "vllm-sim"       # the `container` label: the stand-in container the webhook may restart

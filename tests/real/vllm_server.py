@@ -27,6 +27,7 @@ import requests
 
 from tests.real import tinymodel
 from tests.support.ports import address_in_use, free_port, listening_ports
+from tests.support.wait import WaitTimeout, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_VENV = "/var/cache/hangwatch/vllm-venv"
@@ -421,21 +422,16 @@ class VLLMServer:
         return self
 
     def wait_ready(self, deadline_s: float) -> None:
-        deadline = time.monotonic() + deadline_s
-        while True:
+        def ready():
             self._remember_children()
             if self.proc.poll() is not None:
-                raise ServerDied(f"vLLM exited with {self.proc.returncode} during start-up\n"
-                                 + self.log_tail())
-            try:
-                if (requests.get(f"{self.url}/health", timeout=2).status_code == 200
-                        and self.port in listening_ports(self.proc.pid)):  # ours, not a squatter
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vLLM not ready after {deadline_s:.0f} s\n" + self.log_tail())
-            time.sleep(0.5)
+                raise ServerDied(f"vLLM exited with {self.proc.returncode} during start-up\n" + self.log_tail())
+            return (requests.get(f"{self.url}/health", timeout=2).status_code == 200
+                    and self.port in listening_ports(self.proc.pid))  # ours, not a squatter
+        try:
+            wait_until(ready, deadline_s, "vLLM's /health", interval=0.5, ignore=(requests.RequestException,))
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n{self.log_tail()}") from None
 
     def _remember_children(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -513,25 +509,23 @@ class VLLMServer:
 
     def _find_title(self, title: str) -> int:
         assert self.proc is not None, "server not started"
-        deadline = time.monotonic() + 10
-        while True:
+
+        def found():
             self._remember_children()
-            found = [p for p in descendants(self.proc.pid) if proc_title(p).startswith(title)]
-            if found:
-                return found[0]
-            if time.monotonic() > deadline:
-                tree = {p: proc_title(p) for p in descendants(self.proc.pid)}
-                raise LookupError(f"no {title} below pid {self.proc.pid}: {tree}")
-            time.sleep(0.2)
+            return next((p for p in descendants(self.proc.pid) if proc_title(p).startswith(title)), None)
+        try:
+            return wait_until(found, 10, f"a {title} process", interval=0.2)
+        except WaitTimeout:
+            tree = {p: proc_title(p) for p in descendants(self.proc.pid)}
+            raise LookupError(f"no {title} below pid {self.proc.pid}: {tree}") from None
 
     def freeze(self) -> int:
-        """SIGSTOP the EngineCore (a faithful hang); returns its PID."""
+        """SIGSTOP the EngineCore (a faithful hang); returns its PID. Then :meth:`wait_frozen`
+        before judging: the API server flushes what the engine had done for a moment."""
         pid = self.engine_pid()
         os.kill(pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 5
-        while _proc_state(pid) not in ("T", "t") and time.monotonic() < deadline:
-            time.sleep(0.02)
         self.frozen_pid = pid
+        wait_until(lambda: _proc_state(pid) in ("T", "t"), 5, f"EngineCore {pid} stopped", interval=0.02)
         return pid
 
     def thaw(self) -> None:
@@ -645,16 +639,17 @@ class VLLMServer:
     def wait_until(self, predicate, deadline_s: float, interval: float = 0.1,
                    what: str = "condition") -> Page:
         """Poll /metrics until ``predicate(page)`` holds; returns that page."""
-        deadline = time.monotonic() + deadline_s
-        last = None
-        while time.monotonic() < deadline:
-            last = self.metrics()
-            if predicate(last):
-                return last
-            time.sleep(interval)
-        raise TimeoutError(f"{what} not reached within {deadline_s} s; last running="
-                           f"{last and last.value('vllm:num_requests_running')} waiting="
-                           f"{last and last.value('vllm:num_requests_waiting')}")
+        last: list[Page] = []
+
+        def reading():
+            last[:] = [self.metrics()]
+            return last[0] if predicate(last[0]) else None
+        try:
+            return wait_until(reading, deadline_s, what, interval=interval)
+        except WaitTimeout as exc:
+            page = last[0] if last else None
+            raise WaitTimeout(f"{exc}; last running={page and page.value('vllm:num_requests_running')} "
+                              f"waiting={page and page.value('vllm:num_requests_waiting')}") from None
 
     def wait_idle(self, deadline_s: float = 30) -> Page:
         return self.wait_until(

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import requests
 
 from tests.support.processes import Process, start_server
+from tests.support.wait import WaitTimeout, wait_until
 
 MODEL_FILE = "hangwatch-1024x12-f16.gguf"
 SLOTS = 4
@@ -176,17 +177,15 @@ class LlamaServer:
 
     def wait_until(self, predicate, deadline_s: float, what: str, interval: float = 0.1) -> str:
         """Poll /metrics until ``predicate(text)``; return that page."""
-        end = time.monotonic() + deadline_s
-        text = ""
-        while time.monotonic() < end:
-            try:
-                text = self.metrics_text()
-                if predicate(text):
-                    return text
-            except requests.RequestException:
-                pass
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {deadline_s} s waiting for {what}; last page:\n{text}")
+        last = [""]
+
+        def page():
+            last[0] = self.metrics_text()
+            return last[0] if predicate(last[0]) else None
+        try:
+            return wait_until(page, deadline_s, what, interval=interval, ignore=(requests.RequestException,))
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}; last page:\n{last[0]}") from None
 
     def wait_idle(self, deadline_s: float = 120) -> str:
         return self.wait_until(lambda t: metric(t, "llamacpp:requests_processing") == 0
