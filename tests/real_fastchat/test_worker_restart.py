@@ -126,6 +126,7 @@ def container_worker(fleet, docker_client, backend_image, tmp_path):  # noqa: F8
         yield worker
     finally:
         worker.remove()
+        fleet.wait_forgotten(worker.url)  # the fleet as it was for the next test, whatever its order
 
 
 def ledger(state_dir) -> list[dict]:
