@@ -222,8 +222,9 @@ class Fleet:
         for worker in live:
             wait_until(lambda: self.queue_length(worker) == 0, timeout, f"{worker.role} idle", interval=0.2,
                        ignore=(requests.RequestException,))
-        for worker in live:
-            self.wait_heartbeat(worker, timeout)
+        offset = self.controller.log_size()
+        wait_until(lambda: all(f"Receive heart beat. {w.url}" in self.controller.log_since(offset) for w in live),
+                   timeout, "the controller to receive a known heartbeat from every worker")
 
     def registered_models(self) -> list[str]:
         """Side-effect free: the controller's /list_models."""
