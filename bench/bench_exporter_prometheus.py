@@ -16,6 +16,7 @@ Run under ``flock /tmp/hw/heavy.lock``.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import tempfile
@@ -31,7 +32,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from processes import Exporter, Fleet, raise_fd_limit  # noqa: E402
 from procstat import loadavg, sample  # noqa: E402
-from tests.e2e.stack import Process, free_port, start_prometheus  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.processes import Process  # noqa: E402
 
 RULES = sorted((ROOT / "rules").glob("*.yml"))
 
@@ -80,14 +82,15 @@ def main(argv=None) -> int:
             sd_file = workdir / "targets.yml"
             sd_file.write_text(yaml.safe_dump([
                 {"targets": [url], "labels": {"target": f"b{i:04d}"}} for i, url in enumerate(fleet.urls())]))
-            port = free_port()
-
-            def spawn(name, argv):
-                process = Process(name, argv, workdir / f"{name}.log")
-                processes.append(process)
-                return process
-
-            prom = start_prometheus(spawn, workdir, prometheus_config(workdir, exporter.port, port, sd_file), port)
+            port = free_port()  # Prometheus scrapes itself, so its port is in its config
+            config = workdir / "prometheus.yml"
+            config.write_text(yaml.safe_dump(prometheus_config(workdir, exporter.port, port, sd_file), sort_keys=False))
+            prom = Process("prometheus", [
+                shutil.which("prometheus") or "prometheus", f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'prom-data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                workdir / "prometheus.log", port=port).start()
+            processes.append(prom)
+            prom.wait_ready("/-/ready")
             base = f"http://127.0.0.1:{port}"
             started, cpu0 = time.monotonic(), sample(exporter.pid).cpu
             prom_cpu0 = sample(prom.popen.pid).cpu

@@ -63,7 +63,7 @@ class Settings:
     prefills: int = 1                # clients sending long prompts (chunked prefill)
     gen_tokens: tuple[int, int] = (1000, 4000)
     prefill_tokens: tuple[int, int] = (8000, 32000)
-    scrape_interval: float = 15.0    # the shipped rules' interval (rules/retime.py for others)
+    scrape_interval: float = 15.0    # the shipped rules' interval (`hangwatch rules --scrape-interval` for others)
     scrape_timeout: float = 10.0
     recheck_interval: float = 10.0   # examples/webhook.yml
     recheck_timeout: float = 5.0

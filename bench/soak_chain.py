@@ -5,11 +5,11 @@
                                      └→ a real Docker engine (the container's state)
 
 - :func:`start_stack` is the one adapter to the project's Prometheus + Alertmanager helper
-  (today ``tests.e2e.stack.Stack``; being unified into ``tests.support.stack``): it points
+  (``tests.support.stack.Stack``): it points
   the restart route at the real webhook, keeping the helper's recording receiver beside it
   (the receiver stamps when the notification left Alertmanager), and labels the target with
-  the soak's container. The helper derives every config from ``examples/`` and retimes the
-  shipped rules (``rules/retime.py``) for the scrape interval: only addresses, paths and
+  the soak's container. The helper derives every config from ``examples/`` and renders the
+  rules (``hangwatch rules``) for the scrape interval: only addresses, paths and
   timings differ from what users deploy.
 - :class:`Sleeper`: the container the webhook is told it may restart — an image made with
   ``docker import`` (no registry here) holding an empty root, with the host's /usr
@@ -47,7 +47,7 @@ def start_stack(workdir: Path, backend_url: str, *, container: str, hook_url: st
     """Exporter → Prometheus → Alertmanager watching ``backend_url`` as target ``vllm-a``
     (container label ``container``), the restart route delivering to ``hook_url`` (Bearer
     token from ``hook_token_file``) and to the helper's recording receiver. Started."""
-    from tests.e2e.stack import Stack
+    from tests.support.stack import Stack
 
     class SoakStack(Stack):
         def prometheus_config(self) -> dict:

@@ -16,7 +16,6 @@ Alertmanager installed, the demo does their job in a few lines of Python and say
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -24,9 +23,13 @@ from datetime import datetime, timezone
 
 import requests
 
-from .stack import CONTAINER, TARGET, Stack, wait_until
+from tests.support.wait import wait_until
+
+from .stack import CONTAINER, TARGET, Stack
 
 HUNG = "HangwatchBackendHung"
+# A part that is busy or between two answers: the wait goes on (it has a deadline).
+TRANSIENT = (requests.RequestException, ValueError, KeyError)
 
 
 class Narrator:
@@ -90,9 +93,15 @@ class Scraper(threading.Thread):
             except requests.RequestException:
                 pass
 
-    def view(self) -> str:
+    def samples(self) -> dict[str, float]:
         from prometheus_client.parser import text_string_to_metric_families
-        samples = {s.name: s.value for fam in text_string_to_metric_families(self.last) for s in fam.samples}
+        return {s.name: s.value for fam in text_string_to_metric_families(self.last) for s in fam.samples}
+
+    def in_flight(self) -> float:
+        return self.samples().get("hangwatch_requests_in_flight") or 0
+
+    def view(self) -> str:
+        samples = self.samples()
         probe = samples.get("hangwatch_probe_success")
         in_flight = samples.get("hangwatch_requests_in_flight")
         return (f"in_flight={'?' if in_flight is None else f'{in_flight:g}'} "
@@ -137,7 +146,7 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
     window = f"{max(5 * interval, 5):g}s"
     say.say("demo", f"everything runs on 127.0.0.1, files in {stack.dir}")
     for part in stack.parts:
-        say.say(part.name, f"{part.url}  (pid {part.process.pid})")
+        say.say(part.name, f"{part.url}  (pid {part.pid})")
     if not stack.prometheus:
         say.say("demo", "Prometheus is not installed: the demo judges with `hangwatch check` instead of the rules")
     elif not stack.alertmanager:
@@ -150,7 +159,7 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
     # 1. idle -------------------------------------------------------------------------------
     if stack.prometheus:
         wait_until(lambda: stack.query("target:hangwatch_backend_state:current == 1"), 20 * interval,
-                   "Prometheus' first recorded state")
+                   "Prometheus' first recorded state", ignore=TRANSIENT)
     say.say("demo", f"phase 1: idle for {idle_seconds:g}s")
     before = stack.sim_state()["inference_requests"]
     time.sleep(idle_seconds)
@@ -166,9 +175,9 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
     stack.drive("busy", n=3)
     if stack.prometheus:  # a probe already on its way when the load arrived is not a busy-phase probe
         wait_until(lambda: (_value(stack.query("hangwatch_requests_in_flight")) or 0) > 0, 10 * interval,
-                   "Prometheus to see the requests in flight")
+                   "Prometheus to see the requests in flight", ignore=TRANSIENT)
     else:
-        time.sleep(interval + 1)
+        wait_until(lambda: scraper.in_flight() > 0, 10 * interval, "the exporter to see the requests in flight")
     busy_start = time.time()
     before = stack.sim_state()["inference_requests"]
     busy_alerts: set[str] = set()
@@ -221,7 +230,7 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
         return any("action=restart" in line for line in decisions)
 
     try:
-        wait_until(progress, hang_timeout, "a restart decision", interval=0.5)
+        wait_until(progress, hang_timeout, "a restart decision", interval=0.5, ignore=TRANSIENT)
         hung_after = time.monotonic() - hang_start
     except TimeoutError as exc:
         say.say("demo", str(exc))
@@ -231,7 +240,8 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
             stand_in.stop.set()
         if scraper:
             scraper.stop.set()
-    time.sleep(1)
+    wait_until(lambda: requests.get(stack.webhook.url + "/healthz", timeout=5).json()["jobs_in_progress"] == 0,
+               30, "the webhook to finish its jobs", ignore=TRANSIENT)
     decisions.extend(say.webhook_decisions())
     restart_decisions = stack.webhook_metric("hangwatch_webhook_decisions_total", action="restart")
     real_restarts = stack.webhook_metric("hangwatch_webhook_restarts_total")

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.wait import wait_until as support_wait_until
 
 # HANGWATCH_VLLM_CAPTURES points the comparison at another set of pages (e.g. a new capture).
 CAPTURES = Path(os.environ.get("HANGWATCH_VLLM_CAPTURES")
@@ -36,13 +37,9 @@ def scrape(sim) -> str:
     return response.text
 
 
-def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    assert predicate(), f"timed out after {timeout}s waiting for {what}"
+def wait_until(predicate, timeout: float = 5.0, what: str = "condition"):
+    """``tests.support.wait.wait_until`` with the in-process simulator's short defaults."""
+    return support_wait_until(predicate, timeout, what, interval=0.01)
 
 
 def shape(text: str) -> dict:

@@ -191,8 +191,9 @@ def test_demo_flags_are_documented_both_ways():
 # -- environment and compose variables ----------------------------------------------------------
 def test_environment_variables_are_documented_both_ways():
     code = set()
-    for path in [*(REPO / "exporter").glob("*.py"), *(REPO / "webhook").glob("*.py")]:
-        code |= set(re.findall(r"[\"'](HANGWATCH_[A-Z_]+)[\"']", path.read_text()))
+    for package in ("hangwatch", "exporter", "webhook", "simulator"):  # everything installed
+        for path in (REPO / package).rglob("*.py"):
+            code |= set(re.findall(r"[\"'](HANGWATCH_[A-Z_]+)[\"']", path.read_text()))
     assert set(rows("Environment variables")) == code
 
 

@@ -63,36 +63,64 @@ def npm_check():
     return npm
 
 
-def run_check(npm: str, dashboards: Path | None = None) -> subprocess.CompletedProcess:
-    if dashboards is None:
-        return subprocess.run([npm, "run", "-s", "check"], cwd=CHECK, capture_output=True, text=True, timeout=300)
-    out = CHECK / ".broken"  # inside grafana/check so @grafana/schema resolves; removed afterwards
+# One broken copy of the dashboard per mistake; each must fail tsc, naming the mistake.
+MISTAKES = {
+    "unknown-custom-key": (lambda d: panels(d)[2]["fieldConfig"]["defaults"]["custom"].update(fillOpactiy=10),
+                           "fillOpactiy"),
+    "bad-enum-value": (lambda d: panels(d)[1]["options"].update(showValue="sometimes"), '"sometimes"'),
+    "unknown-dashboard-key": (lambda d: d.update(refreshEvery="10s"), "refreshEvery"),
+    "unknown-query-key": (lambda d: panels(d)[2]["targets"][0].update(exprr="up"), "exprr"),
+}
+TS_ERROR = re.compile(r"^(?:.*/)?([\w.-]+\.ts)\(\d+,\d+\): error ")
+
+
+@pytest.fixture(scope="module")
+def tsc_errors(npm_check, tmp_path_factory) -> dict[str, list[str]]:
+    """ONE tsc run (tsc is the slow part) over the shipped dashboards, ``dashboard.ts`` and a
+    broken copy per mistake: the errors, by generated file (``<dashboard>.ts``,
+    ``broken-<mistake>.ts``)."""
+    sources = tmp_path_factory.mktemp("dashboards")
+    for path in DASHBOARDS:
+        (sources / path.name).write_text(path.read_text())
+    for name, (mistake, _) in MISTAKES.items():
+        dashboard = copy.deepcopy(load(DASHBOARDS[0]))
+        mistake(dashboard)
+        (sources / f"broken-{name}.json").write_text(json.dumps(dashboard))
+    out = CHECK / ".checked"  # inside grafana/check so @grafana/schema resolves; removed afterwards
     try:
-        subprocess.run(["node", "gen.mjs", str(dashboards), str(out)], cwd=CHECK, check=True, timeout=60)
-        (out / "tsconfig.json").write_text(json.dumps({"extends": "../tsconfig.json", "include": ["*.ts"]}))
-        return subprocess.run(["node", "node_modules/typescript/bin/tsc", "--noEmit", "-p", str(out)],
-                              cwd=CHECK, capture_output=True, text=True, timeout=300)
+        subprocess.run(["node", "gen.mjs", str(sources), str(out)], cwd=CHECK, check=True, timeout=60)
+        (out / "tsconfig.json").write_text(json.dumps({"extends": "../tsconfig.json",
+                                                       "include": ["*.ts", "../dashboard.ts", "../types.ts"]}))
+        done = subprocess.run(["node", "node_modules/typescript/bin/tsc", "--noEmit", "--pretty", "false",
+                               "-p", str(out)], cwd=CHECK, capture_output=True, text=True, timeout=300)
     finally:
         shutil.rmtree(out, ignore_errors=True)
+    errors: dict[str, list[str]] = {}
+    current = None
+    for line in (done.stdout + done.stderr).splitlines():
+        match = TS_ERROR.match(line)
+        if match:
+            current = match.group(1)
+            errors.setdefault(current, []).append(line)
+        elif current and line.startswith(" "):
+            errors[current][-1] += "\n" + line
+        elif line.strip():
+            errors.setdefault("(tsc)", []).append(line)
+    assert errors or done.returncode == 0, done.stdout + done.stderr  # tsc failed without saying why
+    return errors
 
 
-def test_dashboards_satisfy_grafanas_own_schema(npm_check):
-    done = run_check(npm_check)
-    assert done.returncode == 0, f"tsc against @grafana/schema failed:\n{done.stdout}{done.stderr}"
+def test_dashboards_satisfy_grafanas_own_schema(tsc_errors):
+    shipped = {f"{p.stem}.ts" for p in DASHBOARDS} | {"dashboard.ts", "types.ts", "(tsc)"}
+    found = {name: lines for name, lines in tsc_errors.items() if name in shipped}
+    assert not found, "tsc against @grafana/schema failed:\n" + "\n".join(sum(found.values(), []))
 
 
-@pytest.mark.parametrize("mistake, expected", [
-    (lambda d: panels(d)[2]["fieldConfig"]["defaults"]["custom"].update(fillOpactiy=10), "fillOpactiy"),
-    (lambda d: panels(d)[1]["options"].update(showValue="sometimes"), '"sometimes"'),
-    (lambda d: d.update(refreshEvery="10s"), "refreshEvery"),
-    (lambda d: panels(d)[2]["targets"][0].update(exprr="up"), "exprr"),
-])
-def test_schema_check_rejects_a_broken_dashboard(npm_check, tmp_path, mistake, expected):
-    dashboard = copy.deepcopy(load(DASHBOARDS[0]))
-    mistake(dashboard)
-    (tmp_path / "broken.json").write_text(json.dumps(dashboard))
-    done = run_check(npm_check, tmp_path)
-    assert done.returncode != 0 and expected in done.stdout, done.stdout + done.stderr
+@pytest.mark.parametrize("name", MISTAKES)
+def test_schema_check_rejects_a_broken_dashboard(tsc_errors, name):
+    expected = MISTAKES[name][1]
+    lines = tsc_errors.get(f"broken-{name}.ts", [])
+    assert lines and any(expected in line for line in lines), (name, lines)
 
 
 # -- uids, ids, units, data sources -----------------------------------------------------------

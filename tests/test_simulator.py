@@ -4,11 +4,8 @@ nothing, a restart resets, a dead server refuses, a stopped one never answers)."
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -18,6 +15,8 @@ import requests
 
 from hangwatch.simulator import CONTENT_TYPE_METRICS, Simulator, main  # noqa: F401
 from tests.sim_fixtures import CAPTURES, sample, scrape, shape, vllm_lines, wait_until
+from tests.support.processes import Process
+from tests.support.wait import wait_until as support_wait_until
 
 # capture file -> (simulator state, state parameters, multiprocess)
 CAPTURE_STATES = {
@@ -171,8 +170,7 @@ def _keys(obj, path=""):
 @pytest.mark.parametrize("kind", ["list", "text_completion"])
 def test_json_bodies_have_the_real_keys(live, kind):
     real = _json_captures(kind)
-    if not real:
-        pytest.skip(f"no captured {kind} body in {CAPTURES}")
+    assert real, f"no captured {kind} body in {CAPTURES} (capture them: python3 -m tests.real.capture)"
     if kind == "list":
         got = requests.get(live.url + "/v1/models", timeout=5).json()
     else:
@@ -421,33 +419,21 @@ def test_multiprocess_page_has_no_process_python_or_created_series():
 
 
 # -- the command line --------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_command_line_serves_and_is_driven_over_http():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "hangwatch.simulator", "--listen",
-                             f"127.0.0.1:{port}", "--model", "demo", "--scenario", "busy"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    url = f"http://127.0.0.1:{port}"
+def test_command_line_serves_and_is_driven_over_http(tmp_path):
+    proc = Process("simulator", [sys.executable, "-m", "hangwatch.simulator", "--listen", "127.0.0.1:0",
+                                 "--model", "demo", "--scenario", "busy"], tmp_path / "simulator.log").start()
     try:
+        url = f"http://127.0.0.1:{proc.wait_port()}"
+
         def running():
-            try:
-                return sample(requests.get(url + "/metrics", timeout=1).text,
-                              "vllm:num_requests_running", model_name="demo") == 3.0
-            except requests.exceptions.ConnectionError:
-                return False
-        wait_until(running, timeout=20, what="the simulator process to be busy")
+            return sample(requests.get(url + "/metrics", timeout=1).text,
+                          "vllm:num_requests_running", model_name="demo") == 3.0
+        support_wait_until(running, 20, "the simulator process to be busy", ignore=(requests.ConnectionError,))
         assert requests.post(url + "/_sim/state", json={"state": "frozen"}, timeout=5).ok
         assert requests.get(url + "/_sim/state", timeout=5).json()["state"] == "frozen"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
-    assert proc.returncode == 0
+        proc.stop()
+    assert proc.popen.returncode == 0, proc.log_tail()
 
 
 def test_command_line_refuses_non_loopback():

@@ -12,12 +12,10 @@ import time
 import pytest
 
 from tests.support.require import require_binary
-
-from .stack import Stack, wait_until
+from tests.support.stack import HUNG, Stack
+from tests.support.wait import wait_for_seconds, wait_until
 
 pytestmark = pytest.mark.real
-
-HUNG = "HangwatchBackendHung"
 
 
 @pytest.fixture
@@ -48,13 +46,12 @@ def test_freeze_sends_exactly_one_hang_notification(stack):
     assert alert["labels"]["action"] == "restart" and alert["labels"]["severity"] == "critical"
     assert delivered_at - frozen_at < 15, "three readings + for: at a 1 s scrape take ~4 s"
     # Still hung, still firing: Alertmanager must not send it again (group_interval is 1 s).
-    observed_until = time.monotonic() + 5
-    wait_until(lambda: time.monotonic() > observed_until and stack.state() == "hung", 10,
-               "five more seconds of the hung state")
-    assert len(_hang_notifications(stack)) == 1
+    wait_for_seconds(5, "five more seconds of the freeze", check=stack.check_alive)
+    assert stack.state() == "hung", stack.state_history(15)
+    assert len(_hang_notifications(stack)) == 1, stack.state_history(30)
     # ... and to people as well: a person always hears that a server hung.
     wait_until(lambda: stack.receiver.alerts("/people", HUNG), 10, "the hang notification at the people receiver")
-    assert len(stack.receiver.alerts("/people", HUNG)) == 1
+    assert len(stack.receiver.alerts("/people", HUNG)) == 1, stack.receiver.alerts("/people", HUNG)
 
 
 def test_saturation_and_long_prefill_never_alert(stack):
@@ -63,8 +60,7 @@ def test_saturation_and_long_prefill_never_alert(stack):
     stack.wait_state("busy")
     wait_until(lambda: stack.value('hangwatch_requests_waiting{target="vllm-a"}') or 0, 10,
                "a waiting queue in Prometheus")
-    queue_seen = time.monotonic()
-    wait_until(lambda: time.monotonic() - queue_seen > 4, 10, "four seconds of saturation")
+    wait_for_seconds(4, "four seconds of saturation", check=stack.check_alive)
     # One 60k-token prompt in a chunked prefill: ~10 s in which only KV usage moves.
     stack.sim.set_state("long_prefill", prompt_tokens=60000)
     wait_until(lambda: stack.sim.running == 1 and stack.sim.waiting == 0, 10, "the prefill to start")

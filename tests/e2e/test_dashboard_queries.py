@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from demo.stack import CONTAINER, TARGET, Stack, wait_until
+from demo.stack import CONTAINER, TARGET, Stack
 from tests.support.require import require_binary
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.real
 
@@ -72,6 +73,19 @@ def alert_payload(starts_at: str) -> dict:
                                               "startsAt": starts_at, "endsAt": "0001-01-01T00:00:00Z"}]}
 
 
+SKIPPED = 'hangwatch_webhook_decisions_total{action="skip",reason="recheck_busy"}'
+
+
+def first_positive_sample(stack: Stack, selector: str) -> float | None:
+    """When Prometheus stored the first sample > 0 of ``selector`` (the webhook's counters
+    start at 0 for every reason), or None."""
+    for series in stack.query(f"{selector}[5m]"):
+        for stamp, value in series["values"]:
+            if float(value) > 0:
+                return float(stamp)
+    return None
+
+
 @pytest.fixture(scope="module")
 def run():
     """The chain after idle, busy, a hang (restart decided, dry-run) and a late alert (skipped)."""
@@ -86,7 +100,8 @@ def run():
             stack.drive("busy", n=3)
             wait_until(lambda: stack.query('target:hangwatch_backend_state:current{state="busy"} == 1'),
                        30, "the busy state")
-            time.sleep(3 * SCRAPE)
+            wait_until(lambda: stack.query('sum_over_time(target:hangwatch_backend_state:current{state="busy"}[1m]) >= 3'),
+                       10 * SCRAPE, "three busy readings in Prometheus")
             stack.drive("frozen")
             wait_until(lambda: stack.webhook_metric("hangwatch_webhook_decisions_total", action="restart"),
                        90, "the webhook's restart decision")
@@ -96,9 +111,10 @@ def run():
             response = requests.post(stack.webhook.url + "/alerts", json=alert_payload(now), timeout=5,
                                      headers={"Authorization": f"Bearer {stack.token}"})
             assert response.status_code == 200, response.text
-            wait_until(lambda: stack.query('hangwatch_webhook_decisions_total{action="skip",reason="recheck_busy"} > 0'),
-                       30, "Prometheus to scrape the webhook's skip decision")
-            time.sleep(2 * SCRAPE)
+            skipped_at = wait_until(lambda: first_positive_sample(stack, SKIPPED), 30,
+                                    "Prometheus to scrape the webhook's skip decision")
+            # The range queries below step every SCRAPE from `start`: one step must fall after it.
+            wait_until(lambda: time.time() > skipped_at + SCRAPE, 2 * SCRAPE, "one more step of the range")
         except BaseException:
             print("\n".join(f"--- {p.name}\n{p.log_tail(40)}" for p in stack.parts))
             raise

@@ -9,12 +9,11 @@ import time
 
 import pytest
 
-from tests.e2e.stack import Stack, wait_until
 from tests.support.require import require_binary
+from tests.support.stack import HUNG, Stack
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.real
-
-HUNG = "HangwatchBackendHung"
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ counters: the completions endpoint's request counter (prometheus-fastapi-instrum
 ``http_requests_total{handler="/v1/completions"}``) and ``vllm:request_success_total`` do
 not move while hangwatch checks a server whose long generations are still streaming.
 
-This file sorts after ``test_real_vllm_facts.py`` and ends with the one restart of the
-session (a restart costs a full start-up).
+The one restart of the package (a restart costs a full start-up) is the last test here; any
+test after it gets the restarted server, proven healthy by the ``vllm`` fixture.
 """
 import json
 import subprocess
@@ -91,9 +91,11 @@ def test_stopped_engine_core_is_hung_and_healthy_again_after_cont(vllm):
         vllm.wait_until(lambda p: p.value(RUNNING) == 4, 60, what="4 running")
         try:
             vllm.freeze()
+            still = vllm.wait_frozen(running=4)  # the API server has flushed what the engine had done
             frozen = hangwatch_check(vllm.url, "--interval", "1")
         finally:
             vllm.thaw()
+        vllm.wait_progress(still)
         thawed = hangwatch_check(vllm.url, "--interval", "1")
         assert not load.errors(), load.errors()
     assert (frozen["verdict"], frozen["exit_code"], frozen["probe_sent"]) == ("hung", 1, False), frozen["reason"]

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import requests
 
 from tests.real import tinymodel
+from tests.support.ports import address_in_use, free_port, listening_ports
+from tests.support.wait import WaitTimeout, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_VENV = "/var/cache/hangwatch/vllm-venv"
@@ -50,12 +52,6 @@ def venv_usable(venv: str | None = None) -> bool:
     pattern = os.path.join(venv, "lib", "python3*", "site-packages", "vllm", "entrypoints",
                            "openai", "api_server.py")
     return bool(glob.glob(pattern))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,8 +325,8 @@ class VLLMServer:
                  command: list[str] | None = None):
         self.venv = venv or venv_path()
         self.python = os.path.join(self.venv, "bin", "python")
+        self._own_port = port is None  # ours to change when someone took it before vLLM bound it
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max_num_batched_tokens
         self.kv_cache_gib = kv_cache_gib
@@ -347,6 +343,10 @@ class VLLMServer:
         self.starts = 0
         self.log_path = ""
         self._log = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -389,8 +389,21 @@ class VLLMServer:
             "--host", "127.0.0.1", "--port", str(self.port),
         ] + self.extra_args
 
-    def start(self, deadline_s: float = 240) -> "VLLMServer":
+    def start(self, deadline_s: float = 240, attempts: int = 5) -> "VLLMServer":
+        """Start and wait until /health answers. vLLM must be given its port, which may be
+        taken before it binds it (a busy machine's client connections use the same range):
+        then it starts again on another port (``url`` follows), unless the port was given."""
         self.build_model()
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(deadline_s)
+            except ServerDied as exc:
+                if attempt == attempts or not self._own_port or not address_in_use(str(exc)):
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, deadline_s: float) -> "VLLMServer":
         self.starts += 1
         self.log_path = os.path.join(self.workdir, f"server-{self.starts}.log")
         self._log = open(self.log_path, "wb")
@@ -409,20 +422,16 @@ class VLLMServer:
         return self
 
     def wait_ready(self, deadline_s: float) -> None:
-        deadline = time.monotonic() + deadline_s
-        while True:
+        def ready():
             self._remember_children()
             if self.proc.poll() is not None:
-                raise ServerDied(f"vLLM exited with {self.proc.returncode} during start-up\n"
-                                 + self.log_tail())
-            try:
-                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vLLM not ready after {deadline_s:.0f} s\n" + self.log_tail())
-            time.sleep(0.5)
+                raise ServerDied(f"vLLM exited with {self.proc.returncode} during start-up\n" + self.log_tail())
+            return (requests.get(f"{self.url}/health", timeout=2).status_code == 200
+                    and self.port in listening_ports(self.proc.pid))  # ours, not a squatter
+        try:
+            wait_until(ready, deadline_s, "vLLM's /health", interval=0.5, ignore=(requests.RequestException,))
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n{self.log_tail()}") from None
 
     def _remember_children(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -465,7 +474,7 @@ class VLLMServer:
             self._log = None
 
     def restart(self, deadline_s: float = 240) -> "VLLMServer":
-        """Stop (SIGTERM) and start again on the same port."""
+        """Stop (SIGTERM) and start again, on the same port unless someone took it meanwhile."""
         self.stop()
         return self.start(deadline_s)
 
@@ -500,31 +509,85 @@ class VLLMServer:
 
     def _find_title(self, title: str) -> int:
         assert self.proc is not None, "server not started"
-        deadline = time.monotonic() + 10
-        while True:
+
+        def found():
             self._remember_children()
-            found = [p for p in descendants(self.proc.pid) if proc_title(p).startswith(title)]
-            if found:
-                return found[0]
-            if time.monotonic() > deadline:
-                tree = {p: proc_title(p) for p in descendants(self.proc.pid)}
-                raise LookupError(f"no {title} below pid {self.proc.pid}: {tree}")
-            time.sleep(0.2)
+            return next((p for p in descendants(self.proc.pid) if proc_title(p).startswith(title)), None)
+        try:
+            return wait_until(found, 10, f"a {title} process", interval=0.2)
+        except WaitTimeout:
+            tree = {p: proc_title(p) for p in descendants(self.proc.pid)}
+            raise LookupError(f"no {title} below pid {self.proc.pid}: {tree}") from None
 
     def freeze(self) -> int:
-        """SIGSTOP the EngineCore (a faithful hang); returns its PID."""
+        """SIGSTOP the EngineCore (a faithful hang); returns its PID. Then :meth:`wait_frozen`
+        before judging: the API server flushes what the engine had done for a moment."""
         pid = self.engine_pid()
         os.kill(pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 5
-        while _proc_state(pid) not in ("T", "t") and time.monotonic() < deadline:
-            time.sleep(0.02)
         self.frozen_pid = pid
+        wait_until(lambda: _proc_state(pid) in ("T", "t"), 5, f"EngineCore {pid} stopped", interval=0.02)
         return pid
 
     def thaw(self) -> None:
         if self.frozen_pid is not None:
             _signal(self.frozen_pid, signal.SIGCONT)
             self.frozen_pid = None
+
+    def wait_frozen(self, running: int, deadline_s: float = 30, apart_s: float = 1.0) -> Page:
+        """After :meth:`freeze`: the first /metrics page identical (every ``vllm:`` sample) to
+        one read ``apart_s`` earlier, with ``running`` requests still in flight.
+
+        The API server keeps flushing outputs the engine had finished before the SIGSTOP,
+        so the page moves for a moment after the freeze; judging then measured a busy (or, once,
+        nothing in flight) engine instead of a frozen one. Fails, with the pages, if the
+        streams are gone or the page never settles."""
+        assert self.frozen_pid is not None, "freeze() first"
+        pages = [self.metrics()]
+        deadline = time.monotonic() + deadline_s
+        while True:
+            wait = pages[-1].at + apart_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            pages.append(self.metrics())
+            earlier = next(p for p in reversed(pages) if pages[-1].at - p.at >= apart_s)
+            page = pages[-1]
+            if page.series() == earlier.series():
+                in_flight = page.value("vllm:num_requests_running")
+                assert in_flight == running, (
+                    f"the engine froze with {in_flight} requests running, not {running}: the "
+                    f"streams ended before the freeze")
+                return page
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the frozen engine's page still moved after {deadline_s} s: "
+                                   f"{sorted({k[0] for k in page.series() if page.samples.get(k) != earlier.samples.get(k)})}")
+
+    def wait_progress(self, since: Page, deadline_s: float = 30) -> Page:
+        """After :meth:`thaw`: the first page whose engine step counter moved past ``since``'s."""
+        steps = "vllm:iteration_tokens_total_count"
+        return self.wait_until(lambda p: (p.value(steps) or 0) > (since.value(steps) or 0), deadline_s,
+                               what="the engine stepping again after SIGCONT")
+
+    def prove_healthy(self, deadline_s: float = 60, fast_s: float = 0.5, in_a_row: int = 3) -> None:
+        """The server serves: one 1-token completion, then ``in_a_row`` /metrics pages each
+        answered within ``fast_s`` (a CPU vLLM that was frozen or loaded stays slow for a
+        while, and the timing tests must not start before it recovered)."""
+        if not self.alive():
+            raise ServerDied(f"vLLM is not running\n{self.log_tail()}")
+        self.complete("ping", max_tokens=1, timeout=deadline_s)
+        streak, last, counted = 0, None, None
+        deadline = time.monotonic() + deadline_s
+        while streak < in_a_row:
+            started = time.monotonic()
+            page = self.metrics(timeout=deadline_s)
+            last = time.monotonic() - started
+            # ... and the completion fully counted (a test's "before" must not catch it half-way)
+            now_counted = (page.value("vllm:request_success_total"),
+                           sum(v for (n, labels), v in page.samples.items()
+                               if n == "http_requests_total" and ("handler", "/v1/completions") in labels))
+            streak = streak + 1 if last < fast_s and now_counted == counted else 0
+            counted = now_counted
+            if streak < in_a_row and time.monotonic() > deadline:
+                raise TimeoutError(f"/metrics still slow after {deadline_s} s (last page: {last:.2f} s)")
 
     # -- HTTP ------------------------------------------------------------------------------
 
@@ -576,16 +639,17 @@ class VLLMServer:
     def wait_until(self, predicate, deadline_s: float, interval: float = 0.1,
                    what: str = "condition") -> Page:
         """Poll /metrics until ``predicate(page)`` holds; returns that page."""
-        deadline = time.monotonic() + deadline_s
-        last = None
-        while time.monotonic() < deadline:
-            last = self.metrics()
-            if predicate(last):
-                return last
-            time.sleep(interval)
-        raise TimeoutError(f"{what} not reached within {deadline_s} s; last running="
-                           f"{last and last.value('vllm:num_requests_running')} waiting="
-                           f"{last and last.value('vllm:num_requests_waiting')}")
+        last: list[Page] = []
+
+        def reading():
+            last[:] = [self.metrics()]
+            return last[0] if predicate(last[0]) else None
+        try:
+            return wait_until(reading, deadline_s, what, interval=interval)
+        except WaitTimeout as exc:
+            page = last[0] if last else None
+            raise WaitTimeout(f"{exc}; last running={page and page.value('vllm:num_requests_running')} "
+                              f"waiting={page and page.value('vllm:num_requests_waiting')}") from None
 
     def wait_idle(self, deadline_s: float = 30) -> Page:
         return self.wait_until(

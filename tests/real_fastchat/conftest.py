@@ -23,9 +23,11 @@ def fastchat_fleet():
 
 @pytest.fixture
 def fleet(fastchat_fleet):
-    """The session's deployment with every worker thawed, idle and registered, before and after."""
+    """The package's deployment with every worker thawed, idle and registered before the test
+    (whatever ran before it), and every worker thawed after it."""
     fastchat_fleet.settle()
     try:
         yield fastchat_fleet
     finally:
-        fastchat_fleet.settle()
+        for worker in fastchat_fleet.workers:
+            worker.thaw()

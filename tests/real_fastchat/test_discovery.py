@@ -17,8 +17,9 @@ import pytest
 import requests
 import yaml
 
-from tests.e2e.stack import Process, _wait_http, free_port, wait_until
+from tests.support.processes import start_server
 from tests.support.require import require_binary
+from tests.support.wait import wait_until
 from tests.webhook.real_parts import backend_image, docker_client, dockerd  # noqa: F401
 
 pytestmark = pytest.mark.real
@@ -38,12 +39,11 @@ EXPECTED = {
 
 class Prom:
     def __init__(self, config: Path, workdir: Path):
-        self.port = free_port()
-        self.process = Process("prometheus", [
+        self.process = start_server("prometheus", [
             shutil.which("prometheus") or "prometheus", f"--config.file={config}",
-            f"--storage.tsdb.path={workdir / 'prom-data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
-            workdir / "prometheus.log")
-        _wait_http(self.process, f"http://127.0.0.1:{self.port}/-/ready")
+            f"--storage.tsdb.path={workdir / 'prom-data'}", "--web.listen-address=127.0.0.1:0"],
+            workdir / "prometheus.log", "/-/ready")
+        self.port = self.process.port
 
     def targets(self) -> dict[str, tuple[str, str | None, str | None, str]]:
         """target name -> (module, fleet, container, instance) of the job "hangwatch"."""

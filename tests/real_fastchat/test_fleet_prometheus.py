@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from hangwatch.simulator import Simulator
-from tests.e2e.stack import wait_until
-from tests.real_fastchat.prom_stack import SCRAPE, FleetStack
+from tests.real_fastchat.fleet import SCRAPE, fleet_stack
 from tests.real_fastchat.test_fastchat_checks import PROBE_LINE, Load
 from tests.support.require import require_binary
+from tests.support.stack import HUNG
+from tests.support.wait import wait_for_seconds, wait_until
 
 pytestmark = pytest.mark.real
 
-HUNG = "HangwatchBackendHung"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "fleets.md"
 
 
@@ -39,7 +39,7 @@ def stack(fleet, tmp_path):
     require_binary("prometheus-alertmanager")
     sim = Simulator()
     sim.start(port=0)
-    stack = FleetStack(tmp_path, fleet, sim.url)
+    stack = fleet_stack(tmp_path, fleet, sim.url)
     try:
         stack.start()
         yield stack
@@ -72,8 +72,7 @@ def test_one_config_shows_every_member_and_never_hurts_a_busy_worker(stack, flee
     stack.wait_states({"fc-worker-0": "busy"}, timeout=30)
     # A probe the exporter sent while the worker was still idle (just before the load queued)
     # is allowed and may log a moment later: the log is read from one scrape after "busy".
-    settle = time.monotonic() + SCRAPE
-    wait_until(lambda: time.monotonic() > settle, 2 * SCRAPE, "one scrape after busy")
+    wait_for_seconds(SCRAPE, "one scrape after busy", check=stack.check_alive)
     offset = worker.log_size()
     wait_until(lambda: stack.by_target("target:hangwatch_shortest_queue_pick:bool").get("fc-worker-1") == 1
                and stack.by_target("target:hangwatch_shortest_queue_pick:bool").get("fc-worker-0") == 0,
@@ -83,8 +82,7 @@ def test_one_config_shows_every_member_and_never_hurts_a_busy_worker(stack, flee
     assert fleet.queue_length(worker) >= 1, "the load ended too early to prove anything"
     assert stack.states()["fc-worker-0"] == "busy"
     for load in loads:
-        load.join()
-        assert load.error is None
+        assert load.cancel() is None
     # Never probed while busy (the worker's own access log), never hung, never alerted.
     assert not PROBE_LINE.search(busy_log), "a busy worker was sent a probe"
     assert not stack.ever_state("fc-worker-0", "hung", time.monotonic() - busy_from + 5)
@@ -125,7 +123,7 @@ def test_a_worker_serving_a_model_its_controller_does_not_list_is_a_warning(flee
     sim.start(port=0)
     extra = [{"targets": [stray.url], "labels": {"target": "fc-worker-2", "container": "fc-worker-2",
                                                  "fleet": "fastchat", "__param_module": "fastchat_worker"}}]
-    stack = FleetStack(tmp_path, fleet, sim.url, extra_targets=extra)
+    stack = fleet_stack(tmp_path, fleet, sim.url, extra_targets=extra)
     try:
         stack.start()
         stack.wait_states({"fc-worker-2": "idle", "fc-controller": "idle"}, timeout=90)

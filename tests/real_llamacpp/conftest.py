@@ -1,6 +1,8 @@
-"""The real-llama.cpp tier: one real llama-server (CPU, random 440 MB model) for the session.
+"""The real-llama.cpp tier: one real llama-server (CPU, random 440 MB model) for this package.
 
-Built by ``.ci/setup-llamacpp.sh``. Missing build: a failure in CI, a skip elsewhere.
+Package scope: it starts with the package's first test and stops after its last, so it does
+not compete for the two cores with other tiers' timing tests. Built by
+``.ci/setup-llamacpp.sh``. Missing build: a failure in CI, a skip elsewhere.
 """
 import pytest
 
@@ -8,10 +10,10 @@ from tests.real_llamacpp.llamacpp_server import LlamaServer, installed, model_pa
 from tests.support.require import require
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real_llamacpp():
     """A started :class:`LlamaServer` (``-np 4 -c 4096``, unified KV, 4096-token batches),
-    stopped by PID (thawed first) at the end of the session whatever happens."""
+    stopped by PID (thawed first) after the package's last test whatever happens."""
     require(installed(), f"llama-server at {server_binary()} and model {model_path()} "
                          "(make them with .ci/setup-llamacpp.sh)")
     server = LlamaServer()
@@ -24,7 +26,7 @@ def real_llamacpp():
 
 @pytest.fixture
 def llamacpp(real_llamacpp):
-    """The session's server, thawed and with nothing in flight, before and after the test."""
+    """The package's server, thawed and with nothing in flight, before and after the test."""
     real_llamacpp.thaw()
     real_llamacpp.wait_idle()
     try:

@@ -2,8 +2,10 @@
 
 The binary and the random-weight model come from ``.ci/setup-llamacpp.sh``
 (``${HANGWATCH_CACHE:-/var/cache/hangwatch}/llama.cpp/current``, or ``HANGWATCH_LLAMACPP_DIR``).
-The server listens on 127.0.0.1 only and is stopped by PID (thawed first); it also dies
-with the test process (PR_SET_PDEATHSIG), so a killed pytest leaves nothing behind.
+The server binds port 0 on 127.0.0.1 (the port is read back) and is stopped by PID (thawed
+first); it also dies with the test process, so a killed pytest leaves nothing behind
+(``tests.support.processes``). Request sizes come from the decode rate measured here
+(:meth:`LlamaServer.n_predict_lasting`), not from one machine's numbers.
 
 Load goes through llama.cpp's native ``POST /completion``; hangwatch's idle probe uses
 ``POST /v1/completions``. Every request, ours or the probe, becomes one slot task, which the
@@ -12,21 +14,24 @@ proves from llama.cpp's own side whether a probe was sent.
 """
 from __future__ import annotations
 
-import ctypes
+import json
 import os
 import re
 import shutil
 import signal
-import socket
-import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
 
+from tests.support.processes import Process, start_server
+from tests.support.wait import WaitTimeout, wait_until
+
 MODEL_FILE = "hangwatch-1024x12-f16.gguf"
+MEASUREMENTS = Path(__file__).resolve().parents[1] / "data" / "llamacpp" / "measurements.json"
 SLOTS = 4
 CONTEXT = 4096
 BATCH = 4096  # -b and -ub: one 3,900-token prompt is ONE llama_decode() call (REAL-PARTS)
@@ -49,17 +54,6 @@ def model_path() -> str:
 
 def installed() -> bool:
     return os.access(server_binary(), os.X_OK) and os.path.isfile(model_path())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent():
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def metric(text: str, name: str) -> float | None:
@@ -85,61 +79,84 @@ class Load:
 
 
 class LlamaServer:
+    """One llama-server on port 0 (the port it bound is read back), its log in a temp dir."""
+
     def __init__(self):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
         self.logdir = tempfile.mkdtemp(prefix="hangwatch-llamacpp-")
         self.log_path = os.path.join(self.logdir, "server.log")
+        self.process: Process | None = None
         self.frozen = False
+        self._rate: float | None = None
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    @property
+    def proc(self):
+        return None if self.process is None else self.process.popen
 
     # --- life cycle ----------------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> None:
-        args = [server_binary(), "-m", model_path(), "--metrics", "--host", "127.0.0.1",
-                "--port", str(self.port), "-np", str(SLOTS), "-c", str(CONTEXT),
+        args = [server_binary(), "-m", model_path(), "--metrics", "--slots", "--host", "127.0.0.1",
+                "--port", "0", "-np", str(SLOTS), "-c", str(CONTEXT),
                 # unified KV: any one slot may hold a ~3,900-token prompt; one batch for it
                 "--kv-unified", "-b", str(BATCH), "-ub", str(BATCH), "--no-webui"]
-        log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"llama-server not healthy within {timeout} s:\n{self.log_tail()}")
+        self.process = start_server("llama-server", args, self.log_path, "/health", deadline=timeout,
+                                    cwd=self.logdir)
 
     def stop(self) -> None:
-        if self.proc is None:
+        if self.process is None:
             return
-        self.thaw()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
+        self.process.stop(timeout=15)
+        self.process = None
+        self.frozen = False
         if not os.environ.get("HANGWATCH_KEEP_LOGS"):
             shutil.rmtree(self.logdir, ignore_errors=True)
 
     def freeze(self) -> None:
         """kill -STOP: every thread stops; connections are accepted and never answered."""
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.process.signal(signal.SIGSTOP)
         self.frozen = True
 
     def thaw(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
+        if self.process is not None:
+            self.process.signal(signal.SIGCONT)
         self.frozen = False
+
+    def wait_progress(self, since: str, batches: int = 3, deadline_s: float = 30) -> str:
+        """After :meth:`thaw`: the first page with ``batches`` more decode batches than
+        ``since`` (read just before the freeze: at most one batch ran between that read and
+        the SIGSTOP, so three prove decoding resumed)."""
+        return self.wait_until(lambda t: (metric(t, "llamacpp:n_decode_total") or 0)
+                               >= (metric(since, "llamacpp:n_decode_total") or 0) + batches, deadline_s,
+                               "decoding again after SIGCONT")
+
+    def tokens_per_second(self) -> float:
+        """One request's decode rate alone: the higher of a measurement here and the one in
+        ``tests/data/llamacpp/measurements.json`` (taken on an idle machine). A machine busy
+        with other work measures low, and sizing requests by a low rate would make them end
+        too soon once the other work stops; the higher rate only makes them last longer."""
+        if self._rate is None:
+            n = 128
+            started = time.monotonic()
+            load = self.completions(1, n_predict=n)
+            load.wait(120)
+            assert not load.errors, load.errors
+            measured = n / (time.monotonic() - started)
+            self._rate = max(measured, json.loads(MEASUREMENTS.read_text())["one_request_tokens_per_second"])
+        return self._rate
+
+    def n_predict_lasting(self, seconds: float, concurrent: int = 1, prompt_tokens: int = 64) -> int:
+        """Tokens for a request that decodes for at least ``seconds`` — at the rate of one
+        request alone, so with others beside it, it lasts longer still — within what
+        ``concurrent`` such requests (after ``prompt_tokens`` each) fit in the shared KV cache."""
+        fits = CONTEXT // max(1, concurrent) - prompt_tokens
+        wanted = int(self.tokens_per_second() * seconds) + 1
+        assert wanted <= fits, (f"{wanted} tokens ({seconds} s at {self.tokens_per_second():.0f}/s) "
+                                f"do not fit {concurrent} to a {CONTEXT}-token cache")
+        return wanted
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -156,8 +173,7 @@ class LlamaServer:
         return answer.json() if answer.status_code == 200 else None
 
     def log_text(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")
+        return self.process.log_text()
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
@@ -168,17 +184,15 @@ class LlamaServer:
 
     def wait_until(self, predicate, deadline_s: float, what: str, interval: float = 0.1) -> str:
         """Poll /metrics until ``predicate(text)``; return that page."""
-        end = time.monotonic() + deadline_s
-        text = ""
-        while time.monotonic() < end:
-            try:
-                text = self.metrics_text()
-                if predicate(text):
-                    return text
-            except requests.RequestException:
-                pass
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {deadline_s} s waiting for {what}; last page:\n{text}")
+        last = [""]
+
+        def page():
+            last[0] = self.metrics_text()
+            return last[0] if predicate(last[0]) else None
+        try:
+            return wait_until(page, deadline_s, what, interval=interval, ignore=(requests.RequestException,))
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}; last page:\n{last[0]}") from None
 
     def wait_idle(self, deadline_s: float = 120) -> str:
         return self.wait_until(lambda t: metric(t, "llamacpp:requests_processing") == 0

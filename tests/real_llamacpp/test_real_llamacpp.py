@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hangwatch.check import check
 from hangwatch.verdict import judge
 from hangwatch.exporter.collector import BackendCollector
-from tests.real_llamacpp.llamacpp_server import metric
+from tests.real_llamacpp.llamacpp_server import SLOTS, metric
 
 pytestmark = pytest.mark.real
 
@@ -31,7 +31,6 @@ PROCESSING, DEFERRED = "llamacpp:requests_processing", "llamacpp:requests_deferr
 DECODE, PREDICTED, PROMPT = "llamacpp:n_decode_total", "llamacpp:tokens_predicted_total", \
     "llamacpp:prompt_tokens_total"
 LONG_PROMPT_TOKENS = 3800  # one -b/-ub 4096 batch: 8-11 s with nothing moving (measured)
-ANSWER_TOKENS = 250  # decoding after the batch outlasts one check interval (~100 tokens/s alone)
 INTERVAL = 1.5  # check's interval during the long prompt: its 4 readings span 4.5 s
 
 
@@ -65,7 +64,7 @@ def test_idle_server_is_probed_and_only_then(llamacpp):
 
 
 def test_four_busy_slots_and_two_deferred_are_busy_and_never_probed(llamacpp):
-    n_predict = 300
+    n_predict = llamacpp.n_predict_lasting(3, concurrent=SLOTS)  # 4 at a time: twice that; check takes ~2 s
     tasks, predicted = llamacpp.tasks_launched(), llamacpp.value(PREDICTED)
     load = llamacpp.completions(6, n_predict=n_predict)
     llamacpp.wait_until(lambda t: metric(t, PROCESSING) == 4 and metric(t, DEFERRED) == 2, 60,
@@ -90,15 +89,17 @@ def test_four_busy_slots_and_two_deferred_are_busy_and_never_probed(llamacpp):
 
 
 def test_tokens_predicted_moves_only_when_a_request_finishes(llamacpp):
-    load = llamacpp.completions(1, n_predict=200)
+    n_predict = llamacpp.n_predict_lasting(2)  # ten decode batches take 0.1 s of it
+    load = llamacpp.completions(1, n_predict=n_predict)
     first = llamacpp.wait_until(lambda t: metric(t, PROCESSING) == 1, 30, "one request processing")
-    time.sleep(1.0)
-    second = llamacpp.metrics_text()
+    # Decoding goes on (more decode batches) while the request still runs ...
+    second = llamacpp.wait_until(lambda t: metric(t, DECODE) >= metric(first, DECODE) + 10
+                                 or not metric(t, PROCESSING), 30, "ten more decode batches")
     assert metric(second, PROCESSING) == 1, "finished too fast to observe"
-    assert metric(second, DECODE) > metric(first, DECODE)
+    # ... and the predicted-token counter does not move until the request ends.
     assert metric(second, PREDICTED) == metric(first, PREDICTED)
     load.wait(120)
-    assert metric(llamacpp.metrics_text(), PREDICTED) == metric(first, PREDICTED) + 200
+    assert metric(llamacpp.metrics_text(), PREDICTED) == metric(first, PREDICTED) + n_predict
 
 
 def test_one_long_prompt_batch_is_busy_not_hung(llamacpp):
@@ -106,6 +107,8 @@ def test_one_long_prompt_batch_is_busy_not_hung(llamacpp):
     not n_decode_total, not the token counters, not /slots. check (1.5 s apart) must say busy,
     and must say it although its readings saw no progress: the engine's grace, not luck."""
     prompt = llamacpp.prompt_of(LONG_PROMPT_TOKENS)
+    # decoding after the batch outlasts a check interval (and fits the context after the prompt)
+    answer_tokens = llamacpp.n_predict_lasting(INTERVAL + 0.5, prompt_tokens=LONG_PROMPT_TOKENS)
     before = llamacpp.metrics_text()
     tasks = llamacpp.tasks_launched()
     samples: list[tuple[float, float, float, float]] = []
@@ -122,7 +125,7 @@ def test_one_long_prompt_batch_is_busy_not_hung(llamacpp):
             time.sleep(0.25)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    load = llamacpp.completions(1, n_predict=ANSWER_TOKENS, prompt=prompt)
+    load = llamacpp.completions(1, n_predict=answer_tokens, prompt=prompt)
     llamacpp.wait_until(lambda t: metric(t, PROCESSING) == 1, 30, "the long prompt processing")
     sampler.start()
     series = exporter_scrape(llamacpp.url)  # inside the batch
@@ -165,10 +168,10 @@ def test_one_long_prompt_batch_is_busy_not_hung(llamacpp):
 def test_slots_advance_only_at_batch_boundaries(llamacpp):
     """Why /slots is no fallback: during the one long batch it shows no prompt progress
     either (n_prompt_tokens_processed stays 0, then jumps to the prompt length)."""
-    if llamacpp.slots() is None:
-        pytest.skip("/slots disabled on this server")
+    assert llamacpp.slots() is not None, "/slots does not answer (the fixture starts the server with --slots)"
     prompt = llamacpp.prompt_of(LONG_PROMPT_TOKENS)
-    load = llamacpp.completions(1, n_predict=ANSWER_TOKENS, prompt=prompt)
+    load = llamacpp.completions(1, n_predict=llamacpp.n_predict_lasting(INTERVAL + 0.5, prompt_tokens=LONG_PROMPT_TOKENS),
+                                prompt=prompt)
     llamacpp.wait_until(lambda t: metric(t, PROCESSING) == 1, 30, "the long prompt processing")
     started, first, changed_after = time.monotonic(), None, None
     while time.monotonic() - started < 4 and changed_after is None:
@@ -185,9 +188,10 @@ def test_slots_advance_only_at_batch_boundaries(llamacpp):
 
 
 def test_stopped_process_is_hung_and_healthy_again_after_cont(llamacpp):
-    load = llamacpp.completions(4, n_predict=400)
+    load = llamacpp.completions(4, n_predict=llamacpp.n_predict_lasting(4, concurrent=4))  # paused while frozen
     llamacpp.wait_until(lambda t: metric(t, PROCESSING) == 4, 60, "4 processing")
     tasks = llamacpp.tasks_launched()
+    before_freeze = llamacpp.metrics_text()
     llamacpp.freeze()
     try:
         result = check(llamacpp.url, interval=1, timeout=2)
@@ -199,6 +203,7 @@ def test_stopped_process_is_hung_and_healthy_again_after_cont(llamacpp):
         assert series[("hangwatch_connection_stalled", ())] == 1
     finally:
         llamacpp.thaw()
+    llamacpp.wait_progress(before_freeze)  # judged once it decodes again, not at the instant of SIGCONT
     healthy = check(llamacpp.url, interval=1, timeout=10)
     assert healthy.verdict.state == "busy", healthy.verdict.reason
     assert healthy.exit_code == 0 and not healthy.probe_sent

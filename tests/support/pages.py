@@ -7,10 +7,11 @@ process). Real sockets, so the fetch code is exercised as in production.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .ports import closed_port  # noqa: F401 (the bad-input tests import it from here)
 
 
 @dataclass
@@ -84,10 +85,3 @@ class PageServer:
         self._release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (connection refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

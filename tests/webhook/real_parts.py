@@ -14,7 +14,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -25,7 +24,9 @@ from datetime import datetime, timezone
 import pytest
 import requests
 
+from tests.support.ports import free_port  # noqa: F401  (sshd.py and the Alertmanager test import it here)
 from tests.support.require import require, require_binary
+from tests.support.wait import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).resolve().parent
@@ -35,20 +36,8 @@ HOST_PYTHON = "/usr/bin/python3"
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """``tests.support.wait.wait_until`` under the name these tests use."""
+    return wait_until(predicate, timeout, what, interval=interval)
 
 
 def now_rfc3339() -> str:

@@ -1,0 +1,48 @@
+"""Suite-wide rules: under CI no test may skip unless it says why it may.
+
+A skip in CI hides a missing real part or a missing capture as a green run. So when
+``tests.support.require.in_ci()`` holds, every skipped test (at collection, set-up or run)
+is reported as failed, naming the skip's reason — unless the test carries
+``@pytest.mark.skip_allowed("why skipping here proves nothing is missing")``.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.support.require import in_ci
+
+
+def _allowed(item) -> bool:
+    marker = item.get_closest_marker("skip_allowed")
+    if marker is None:
+        return False
+    reason = marker.args[0] if marker.args else marker.kwargs.get("reason")
+    assert reason, f"{item.nodeid}: skip_allowed needs a reason"
+    return True
+
+
+def _reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not hasattr(report, "wasxfail") and in_ci() and not _allowed(item):
+        report.outcome = "failed"
+        report.longrepr = (f"skipped under CI, which must not skip ({_reason(report)}); "
+                           "install the missing part, or mark the test "
+                           "@pytest.mark.skip_allowed(reason) if skipping proves nothing is missing")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and in_ci():
+        report.outcome = "failed"
+        report.longrepr = f"{collector.nodeid}: skipped at collection under CI ({_reason(report)})"

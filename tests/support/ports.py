@@ -1,0 +1,74 @@
+"""Ports on 127.0.0.1 without races: servers bind port 0 and we read the port back.
+
+A port picked by binding port 0, closing it and handing the number to a child process is
+free only until someone else takes it: under load a client connection's ephemeral port did
+(a FastChat worker died "address already in use" in CI). So:
+
+- a server that can bind port 0 is started on port 0, and :func:`listening_ports` reads
+  the port it bound from /proc (its socket inodes, matched in /proc/net/tcp): no log
+  parsing, no cooperation from the server needed (Prometheus, Alertmanager, the exporter,
+  the webhook, the simulator, FastChat's controller and API server);
+- a server that must be told its port before it binds (a FastChat worker announces its own
+  address; vLLM) gets a :func:`free_port` and is restarted on another one when its log says
+  the bind failed (:func:`address_in_use`).
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno 98|couldn't bind|bind: address",
+                     re.IGNORECASE)
+
+
+def free_port() -> int:
+    """A loopback port free at this instant. Racy by nature: only for servers that must know
+    their port before binding it, started with a retry on :func:`address_in_use`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (connection refused), for "down" tests."""
+    return free_port()
+
+
+def address_in_use(log_text: str) -> bool:
+    """Did a server's output say its port was taken?"""
+    return bool(_IN_USE.search(log_text))
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def listening_ports(pid: int) -> list[int]:
+    """TCP ports process ``pid`` listens on (IPv4 and IPv6), lowest first."""
+    inodes = _socket_inodes(pid)
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                next(handle)
+                for line in handle:
+                    fields = line.split()
+                    # local_address is HEXIP:HEXPORT; state 0A is LISTEN; field 9 is the inode.
+                    if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
+                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            continue
+    return sorted(ports)

@@ -1,0 +1,321 @@
+"""The one Prometheus + Alertmanager stack of the tests, the demo and the benchmarks.
+
+    hangwatch exporter → Prometheus (an example config, the shipped rules retimed)
+                       → Alertmanager (examples/alertmanager.yml's routes) → receivers
+
+Configs are the shipped examples with only addresses, paths and timings replaced: the
+scrape interval and timeout, and the rules ``hangwatch rules`` renders for that interval,
+so what is tested is what users deploy. The restart route goes to ``hook_url`` (the real
+webhook) or to the in-process :class:`~tests.support.receiver.Receiver`'s ``/alerts``
+(Bearer token checked); everything else goes to the receiver's ``/people``.
+
+Every server binds port 0 and its port is read back (``tests.support.ports``); every process
+is stopped by PID in :meth:`Stack.close`. With ``targets=None`` the stack watches one
+backend called ``vllm-a`` (container ``vllm-a``): the given ``simulator`` (anything with a
+``.url``, a real vLLM included) or an in-process simulator it starts and stops itself.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import requests
+import yaml
+
+from hangwatch.rules.render import Settings, format_duration, render_file, shrunk
+
+from .processes import REPO, Process, start_server
+from .receiver import Receiver
+from .wait import wait_until
+
+EXAMPLES = REPO / "examples"
+RULE_FILES = (REPO / "rules" / "hangwatch-recording.yml", REPO / "rules" / "hangwatch-alerts.yml",
+              REPO / "rules" / "hangwatch-fleet.yml")
+TOKEN = "e2e-secret-token"
+HUNG = "HangwatchBackendHung"
+
+
+def exporter_offset(scrape_timeout: float) -> float:
+    """The exporter's margin for its own work inside Prometheus' scrape timeout: the shipped
+    0.5 s, or a quarter of a shorter timeout. (A 0.1 s margin turned one slow Python moment on
+    a loaded machine into a failed scrape, i.e. a missing reading.)"""
+    return min(0.5, scrape_timeout / 4)
+
+
+def hangwatch_command() -> list[str]:
+    """``hangwatch`` of the Python running the tests (its venv's script, else ``-m``)."""
+    script = Path(sys.executable).with_name("hangwatch")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "hangwatch"]
+
+
+class Stack:
+    """Exporter, Alertmanager and Prometheus on loopback, configured from the examples.
+
+    ``targets``: target name → URL. A name the example config lists keeps the example's
+    labels (module, fleet, container); any other name gets ``container=<name>``.
+    ``containers`` overrides container labels (None removes one). ``extra_targets`` are static
+    groups added as they are. ``extra_jobs``: job name → address of another /metrics to scrape.
+    """
+
+    def __init__(self, workdir: Path, scrape_interval: float = 1.0, simulator=None,
+                 scrape_timeout: float | None = None, *, targets: dict[str, str] | None = None,
+                 example: str = "prometheus.yml", containers: dict[str, str | None] | None = None,
+                 extra_targets: list[dict] | None = None, extra_jobs: dict[str, str] | None = None,
+                 hook_url: str | None = None, token: str = TOKEN, token_file: Path | None = None,
+                 exporter_config: dict | None = None, retime_all: bool = True,
+                 use_prometheus: bool = True, use_alertmanager: bool = True):
+        self.workdir = Path(workdir)
+        self.scrape_interval = scrape_interval
+        self.scrape_timeout = scrape_timeout or scrape_interval
+        self.sim = simulator
+        self._own_sim = simulator is None and targets is None
+        self.targets = targets
+        self.example = EXAMPLES / example
+        self.containers = containers or {}
+        self.extra_targets = extra_targets or []
+        self.extra_jobs = extra_jobs or {}
+        self.hook_url, self.token, self.token_file = hook_url, token, token_file
+        self.exporter_settings = {"timeout_offset": f"{exporter_offset(self.scrape_timeout):g}s",
+                                  **(exporter_config or {})}
+        self.retime_all = retime_all
+        self.use_prometheus = use_prometheus
+        self.use_alertmanager = use_alertmanager and use_prometheus
+        self.processes: list[Process] = []
+        self.receiver: Receiver | None = None
+        self._closed = False
+        self.exporter = self.alertmanager = self.prometheus = None
+
+    # -- start ---------------------------------------------------------------------------------
+    def start(self) -> "Stack":
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        if self.targets is None:
+            if self.sim is None:
+                from hangwatch.simulator import Simulator
+                self.sim = Simulator()
+                self.sim.start(port=0)
+            self.targets = {"vllm-a": self.sim.url}
+        self.default_target = next(iter(self.targets))
+        self.receiver = Receiver(self.token)
+        config = self.workdir / "exporter.yml"
+        config.write_text(yaml.safe_dump(self.exporter_settings))
+        self.exporter = self._server("exporter", [*hangwatch_command(), "exporter", "--listen", "127.0.0.1:0",
+                                                  "--config", str(config)], "/metrics")
+        if self.use_alertmanager:
+            path = self.workdir / "alertmanager.yml"
+            path.write_text(yaml.safe_dump(self.alertmanager_config(), sort_keys=False))
+            self.alertmanager = self._server("alertmanager", [
+                shutil.which("prometheus-alertmanager") or "prometheus-alertmanager", f"--config.file={path}",
+                f"--storage.path={self.workdir / 'alertmanager-data'}", "--web.listen-address=127.0.0.1:0",
+                "--cluster.listen-address=", "--log.level=info"], "/-/ready")
+        if self.use_prometheus:
+            path = self.workdir / "prometheus.yml"
+            path.write_text(yaml.safe_dump(self.prometheus_config(), sort_keys=False))
+            self.prometheus = self._server("prometheus", [
+                shutil.which("prometheus") or "prometheus", f"--config.file={path}",
+                f"--storage.tsdb.path={self.workdir / 'prometheus-data'}", "--web.listen-address=127.0.0.1:0",
+                "--log.level=warn"], "/-/ready")
+
+    def _server(self, name: str, argv: list[str], ready_path: str) -> Process:
+        process = start_server(name, argv, self.workdir / f"{name}.log", ready_path)
+        self.processes.append(process)
+        return process
+
+    @property
+    def exporter_port(self) -> int:
+        return self.exporter.port
+
+    @property
+    def prom_port(self) -> int:
+        return self.prometheus.port
+
+    @property
+    def am_port(self) -> int:
+        return self.alertmanager.port
+
+    # -- configs derived from the examples -----------------------------------------------------
+    def rule_files(self) -> list[Path]:
+        paths = []
+        for source in RULE_FILES:
+            target = self.workdir / ("retimed-" + source.name)
+            # retime_all: wall-clock durations (minutes, engine grace) shrink with the scrape
+            # interval too; otherwise only the scrape-bound windows follow it.
+            settings = shrunk(self.scrape_interval) if self.retime_all else Settings(scrape_interval=self.scrape_interval)
+            target.write_text(render_file(source.name, settings))
+            paths.append(target)
+        return paths
+
+    def _groups(self, example_groups: list[dict]) -> list[dict]:
+        groups, named = [], set()
+        for group in example_groups:
+            name = group.get("labels", {}).get("target")
+            if name in self.targets:
+                groups.append({**group, "targets": [self.targets[name]], "labels": dict(group["labels"])})
+                named.add(name)
+        for name, url in self.targets.items():
+            if name not in named:
+                groups.append({"targets": [url], "labels": {"target": name, "container": name}})
+        for group in groups:
+            name = group["labels"]["target"]
+            if name in self.containers:
+                if self.containers[name] is None:
+                    group["labels"].pop("container", None)
+                else:
+                    group["labels"]["container"] = self.containers[name]
+        return groups + list(self.extra_targets)
+
+    def prometheus_config(self) -> dict:
+        config = yaml.safe_load(self.example.read_text())
+        interval = format_duration(self.scrape_interval)
+        timeout = format_duration(self.scrape_timeout)
+        config["global"].update({"scrape_interval": interval, "evaluation_interval": interval})
+        config["rule_files"] = [str(p) for p in self.rule_files()]
+        if self.alertmanager is not None:
+            config["alerting"]["alertmanagers"][0]["static_configs"] = [
+                {"targets": [f"127.0.0.1:{self.alertmanager.port}"]}]
+        else:
+            config.pop("alerting", None)
+        exporter = f"127.0.0.1:{self.exporter.port}"
+        jobs = config["scrape_configs"]
+        for name, address in self.extra_jobs.items():
+            jobs.append({"job_name": name, "static_configs": [{"targets": [address]}]})
+        for job in jobs:
+            job["scrape_interval"], job["scrape_timeout"] = interval, timeout
+            if job["job_name"] == "hangwatch":
+                job["static_configs"] = self._groups(job["static_configs"])
+                for relabel in job["relabel_configs"]:
+                    if relabel.get("target_label") == "__address__":
+                        relabel["replacement"] = exporter
+            elif job["job_name"] not in self.extra_jobs:
+                job["static_configs"] = [{"targets": [exporter]}]
+        return config
+
+    def alertmanager_config(self) -> dict:
+        config = yaml.safe_load((EXAMPLES / "alertmanager.yml").read_text())
+        config.pop("global", None)  # the example's mail relay: nothing here sends mail
+        token_file = self.token_file
+        if token_file is None:
+            token_file = self.workdir / "token"
+            token_file.write_text(self.token + "\n")
+        # Deliver at once, regroup every second, never repeat within a test: a second
+        # notification of one alert is a real event (it resolved and fired again).
+        config["route"].update({"group_wait": "0s", "group_interval": "1s", "repeat_interval": "1h"})
+        for route in config["route"]["routes"]:
+            route.update({"group_wait": "0s", "group_interval": "1s", "repeat_interval": "1h"})
+        for receiver in config["receivers"]:
+            if receiver["name"] == "hangwatch-webhook":
+                hook = receiver["webhook_configs"][0]
+                hook["url"] = self.hook_url or f"{self.receiver.url}/alerts"
+                hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+            else:  # people: the recorder instead of e-mail
+                for key in [k for k in receiver if k.endswith("_configs")]:
+                    receiver.pop(key)
+                receiver["webhook_configs"] = [{"url": f"{self.receiver.url}/people", "send_resolved": True}]
+        return config
+
+    # -- Prometheus ----------------------------------------------------------------------------
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        params = {"query": expr} if at is None else {"query": expr, "time": at}
+        body = requests.get(f"{self.prometheus.url}/api/v1/query", params=params, timeout=10).json()
+        if body.get("status") != "success":
+            raise ValueError(f"query failed: {expr}: {body.get('error')}")
+        return body["data"]["result"]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
+        body = requests.get(f"{self.prometheus.url}/api/v1/query_range", timeout=20,
+                            params={"query": expr, "start": start, "end": end, "step": step}).json()
+        if body.get("status") != "success":
+            raise ValueError(f"query failed: {expr}: {body.get('error')}")
+        return body["data"]["result"]
+
+    def value(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else None
+
+    def by_target(self, expr: str) -> dict[str, float]:
+        return {s["metric"].get("target", ""): float(s["value"][1]) for s in self.query(expr)}
+
+    def states(self) -> dict[str, str]:
+        """Every backend's current state, as the recording rules see it."""
+        return {s["metric"]["target"]: s["metric"]["state"]
+                for s in self.query("target:hangwatch_backend_state:current == 1")}
+
+    def state(self, target: str | None = None) -> str | None:
+        return self.states().get(target or self.default_target)
+
+    def check_alive(self) -> bool:
+        for process in self.processes:
+            process.check_alive()
+        return True
+
+    def wait_states(self, expected: dict[str, str], timeout: float = 60.0) -> dict[str, str]:
+        def reached():
+            self.check_alive()
+            states = self.states()
+            return states if all(states.get(t) == s for t, s in expected.items()) else None
+        try:
+            return wait_until(reached, timeout, f"states {expected}", interval=0.2)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; now {self.states()}") from None
+
+    def wait_state(self, state: str, timeout: float = 20.0, target: str | None = None) -> None:
+        self.wait_states({target or self.default_target: state}, timeout)
+
+    def ever(self, state: str, seconds: float, target: str | None = None) -> bool:
+        """Was ``state`` 1 at any rule evaluation in the last ``seconds``?"""
+        value = self.value(f'max_over_time(target:hangwatch_backend_state:current'
+                           f'{{target="{target or self.default_target}",state="{state}"}}[{max(1, round(seconds))}s])')
+        return bool(value)
+
+    def ever_state(self, target: str, state: str, seconds: float) -> bool:
+        return self.ever(state, seconds, target)
+
+    def latest_sample_time(self, metric: str, target: str | None = None) -> float:
+        result = self.query(f'timestamp({metric}{{target="{target or self.default_target}"}})')
+        return float(result[0]["value"][1]) if result else 0.0
+
+    def state_history(self, seconds: float, target: str | None = None) -> list[tuple[float, str | None]]:
+        """(seconds ago, state or None: no reading) every half scrape over the last ``seconds``:
+        the evidence to show when a state was not what a test expected."""
+        end, step = time.time(), self.scrape_interval / 2
+        expr = f'target:hangwatch_backend_state:current{{target="{target or self.default_target}"}} == 1'
+        at = {round(float(stamp), 3): series["metric"]["state"]
+              for series in self.query_range(expr, end - seconds, end, step) for stamp, _ in series["values"]}
+        return [(round(seconds - i * step, 1), at.get(round(end - seconds + i * step, 3)))
+                for i in range(int(seconds / step) + 1)]
+
+    def alerts(self) -> list[dict]:
+        """Prometheus' pending and firing alerts."""
+        return requests.get(f"{self.prometheus.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+
+    def alertmanager_alerts(self) -> list[dict]:
+        return requests.get(f"{self.alertmanager.url}/api/v2/alerts", timeout=5).json()
+
+    # -- stop ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every process by PID (idempotent); their logs stay readable."""
+        for process in reversed(self.processes):
+            process.stop()
+        if self.receiver is not None and not self._closed:
+            self.receiver.close()
+        if self.sim is not None and self._own_sim and not self._closed:
+            self.sim.stop()
+        self._closed = True
+
+    def logs(self, lines: int = 30) -> str:
+        return "\n".join(f"--- {p.name}\n{p.log_tail(lines)}" for p in self.processes)
+
