@@ -9,13 +9,17 @@ window passes and agrees with what a second replica did. Sample::
     hangwatch_webhook_restarts_total{result="ok",target="vllm-a"} 1.0
     hangwatch_webhook_circuit_open{target="vllm-a"} 0.0
     hangwatch_webhook_jobs_in_progress 0.0
+    hangwatch_build_info{python_version="3.11.2",version="0.3.0"} 1.0
 """
 from __future__ import annotations
 
+import platform
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Info, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+
+from hangwatch import __version__
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -50,6 +54,9 @@ class WebhookMetrics:
         self.restarts = Counter("hangwatch_webhook_restarts", "container restarts, by target and result",
                                 ["target", "result"], registry=self.registry)
         self.registry.register(_StateCollector(circuit_open, jobs))
+        # node_exporter's build_info: which hangwatch (and Python) answers, as labels on a constant 1.
+        Info("hangwatch_build", "The hangwatch version and the Python it runs on.", registry=self.registry).info(
+            {"version": __version__, "python_version": platform.python_version()})
 
     def preset(self, targets, reasons, restart_reasons=("hung",)) -> None:
         """Create every series at 0, so rate(), increase() and annotations see the first event."""
