@@ -179,13 +179,13 @@ def test_demo_flags_are_documented_both_ways():
 # -- environment and compose variables ----------------------------------------------------------
 def test_environment_variables_are_documented_both_ways():
     code = set()
-    for path in [*(REPO / "exporter").glob("*.py"), *(REPO / "webhook").glob("*.py")]:
+    for path in [*(REPO / "exporter").glob("*.py"), *(REPO / "webhook").glob("*.py"), REPO / "hangwatch" / "logs.py"]:
         code |= set(re.findall(r"[\"'](HANGWATCH_[A-Z_]+)[\"']", path.read_text()))
     assert set(rows("Environment variables")) == code
 
 
 def test_compose_variables_are_documented_with_their_defaults():
-    text = (REPO / "docker-compose.yml").read_text()
+    text = "".join(path.read_text() for path in sorted(REPO.glob("docker-compose*.yml")))
     code = {}
     for name, default in re.findall(r"\$\{(\w+)(?::-([^}]*))?\}", text):
         code[name] = default
