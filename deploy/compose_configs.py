@@ -14,9 +14,9 @@ stack did not start): the backend is ``http://host.docker.internal:8000``, its c
 ``vllm``, as in ``deploy/existing/webhook.yml`` and ``exporter.yml``; change all three together
 (docs/existing-vllm.md).
 
-    python3 deploy/compose_configs.py            # rewrite deploy/prometheus.yml, deploy/alertmanager.yml,
+    .venv/bin/python deploy/compose_configs.py            # rewrite deploy/prometheus.yml, deploy/alertmanager.yml,
                                                  # deploy/existing/prometheus.yml
-    python3 deploy/compose_configs.py --check    # exit 1 if they are stale
+    .venv/bin/python deploy/compose_configs.py --check    # exit 1 if they are stale
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path.write_text(text)
     if stale:
-        sys.stderr.write("stale (run python3 deploy/compose_configs.py): " + ", ".join(stale) + "\n")
+        sys.stderr.write("stale (run .venv/bin/python deploy/compose_configs.py): " + ", ".join(stale) + "\n")
         return 1
     return 0
 
