@@ -15,7 +15,7 @@ stack did not start): the backend is ``http://host.docker.internal:8000``, its c
 (docs/existing-vllm.md).
 
     .venv/bin/python deploy/compose_configs.py            # rewrite deploy/prometheus.yml, deploy/alertmanager.yml,
-                                                 # deploy/existing/prometheus.yml
+                                                          # deploy/existing/prometheus.yml
     .venv/bin/python deploy/compose_configs.py --check    # exit 1 if they are stale
 """
 from __future__ import annotations
