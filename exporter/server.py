@@ -28,14 +28,19 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import platform
 import resource
+import signal
 import sys
+import threading
 import time
 from urllib.parse import parse_qs
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from hangwatch import __version__, logs
 from hangwatch.fetch import Client
 from hangwatch.httpserver import BoundedHTTPServer, Request, Response, Route
 from hangwatch.modules import MODULES as OBSERVERS
@@ -56,6 +61,9 @@ log = logging.getLogger("hangwatch.exporter")
 PROBES = Counter("hangwatch_exporter_probes", "Probe requests answered, by module and HTTP code.",
                  ["module", "code"])
 PROBE_SECONDS = Histogram("hangwatch_exporter_probe_duration_seconds", "Time to answer /probe.")
+# node_exporter's build_info: which hangwatch (and Python) answers, as labels on a constant 1.
+Info("hangwatch_build", "The hangwatch version and the Python it runs on.").info(
+    {"version": __version__, "python_version": platform.python_version()})
 
 INDEX = b"""<html><head><title>hangwatch exporter</title></head><body>
 <h1>hangwatch exporter</h1>
@@ -121,9 +129,9 @@ class Prober:
         budget = max(0.1, scrape_budget(timeout_header, self.config) - waited)
         collector = BackendCollector(target, module, budget, self.config.options_for(target, probe), self.client,
                                      versions=self.versions)
+        started = time.monotonic()
         body = render(collector.collect())
-        observation = collector.last_observation
-        log.debug("probe target=%s module=%s status=%s", target, module, observation and observation.status)
+        _log_probe(target, module, collector.last_observation, time.monotonic() - started)
         return 200, CONTENT_TYPE_LATEST, body
 
     def route(self, request: Request) -> Response:
@@ -147,6 +155,19 @@ class Prober:
 def answer_probe(query: str, timeout_header: str | None, config: ExporterConfig) -> tuple[int, str, bytes]:
     """One /probe answer outside the server (a fresh Prober: nothing reused)."""
     return Prober(config).answer(query, timeout_header)
+
+
+def _log_probe(target: str, module: str, observation, seconds: float) -> None:
+    """One line per probe at debug level (``--log-level debug``): what was read and whether the
+    idle probe went out. The target is ``scheme://host[:port]``; no key or header is logged."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    reading = observation.reading if observation else None
+    probe = observation.probe if observation else None
+    log.debug("probe target=%s module=%s status=%s in_flight=%s idle_probe=%s seconds=%.3f%s", target, module,
+              observation.status if observation else "none", "-" if reading is None else f"{reading.in_flight:g}",
+              probe.outcome if probe else "not_sent", seconds,
+              f" error={observation.error!r}" if observation and observation.error else "")
 
 
 def _module_label(query: str) -> str:
@@ -253,8 +274,8 @@ def raise_fd_limit(config: ExporterConfig) -> None:
 
 
 def main(args) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        logs.setup(logs.resolve_level(getattr(args, "log_level", None)), getattr(args, "log_format", "text"))
         config = load_exporter_config(args.config)
         check_exposure(args.listen, config)
         raise_fd_limit(config)
@@ -266,14 +287,46 @@ def main(args) -> int:
         sys.stderr.write(f"hangwatch exporter: cannot listen on {args.listen}: {exc.strerror}\n")
         return EXIT_CONFIG
     host, port = server.server_address[:2]
-    log.info("listening on http://%s:%s (allow_targets: %s; max_connections %d, max_concurrent_probes %d)",
-             host, port, _allowed(config), config.max_connections, config.max_concurrent_probes)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
+    log.info("hangwatch %s listening on http://%s:%s (allow_targets: %s; max_connections %d, "
+             "max_concurrent_probes %d)", __version__, host, port, _allowed(config), config.max_connections,
+             config.max_concurrent_probes)
+    return serve_until_signalled(server)
+
+
+def serve_until_signalled(server: BoundedHTTPServer) -> int:
+    """Serve until SIGTERM or SIGINT, then stop at once: 0 (1 if the server itself failed).
+
+    As PID 1 in a container a process gets no default signal handling, so without a handler
+    ``docker stop`` waited its full 10 s and then killed the exporter. The exporter holds no
+    state: a probe still reading a backend is abandoned (that scrape fails, which Prometheus
+    records as a gap, not a verdict), and the process exits without waiting for it.
+    """
+    stop = threading.Event()
+    serving = threading.Thread(target=server.serve_forever, name="hangwatch-exporter-loop", daemon=True)
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda signum, frame: stop.set())
+    serving.start()
+    while serving.is_alive() and not stop.wait(1.0):
         pass
-    finally:
-        server.server_close()
+    failed = not serving.is_alive() and not stop.is_set()
+    if stop.is_set():
+        log.info("stopping (signal)")
+    server.shutdown()
+    abandoned = server.stats.work_running
+    server.server_close()
+    if failed:
+        log.error("the server loop ended on its own; exiting 1")
+        return 1
+    log.info("exporter stopped%s", f"; abandoned {abandoned} probe(s) in progress" if abandoned else "")
+    if abandoned and in_main:
+        # The probe threads are the executor's, which the interpreter joins at exit: up to a scrape
+        # budget for a stalled backend. Nothing they hold needs closing (sockets die with us).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

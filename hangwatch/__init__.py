@@ -5,4 +5,4 @@ idle / busy / hung / restarted / blind / down — plus the shared settings toolk
 command line. Its faces are ``hangwatch.exporter`` (Prometheus) and ``hangwatch.webhook``
 (the Alertmanager receiver that restarts); the core imports neither (docs/design.md).
 """
-__version__ = "0.2.0"
+__version__ = "0.3.0"

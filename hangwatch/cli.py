@@ -1,13 +1,16 @@
-"""The ``hangwatch`` command: check, exporter, webhook, simulate, rules, dashboard.
+"""The ``hangwatch`` command: check, exporter, webhook, simulate, rules, dashboard; ``--version``.
 
-Bad usage is one line on stderr and exit 64 (DESIGN.md), never a traceback.
+Bad usage or a bad config is one line on stderr and exit 64 in every subcommand (DESIGN.md),
+never a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 
+from . import __version__, logs
 from .check import MODULES, check
 from .observation import PROBE_AUTO, PROBE_KINDS
 from .settings import EXIT_CONFIG, ConfigError, secret_file
@@ -49,6 +52,7 @@ def _url(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hangwatch", description="Keep LLM servers alive without hurting them.")
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     c = commands.add_parser("check", help="judge one backend: idle, busy, hung, restarted, blind or down")
@@ -74,11 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     e = commands.add_parser("exporter", help="the Prometheus exporter (/probe?target=...)")
     e.add_argument("--listen", default="127.0.0.1:9877", help="HOST:PORT (default 127.0.0.1:9877)")
     e.add_argument("--config", default=None, help="YAML config file")
+    logs.add_arguments(e)
 
     w = commands.add_parser("webhook", help="the Alertmanager receiver that restarts hung containers")
     w.add_argument("--config", required=True, help="YAML config file")
     w.add_argument("--listen", default="127.0.0.1:9878", help="HOST:PORT (default 127.0.0.1:9878)")
     w.add_argument("--dry-run", action="store_true", help="decide and log, never restart")
+    logs.add_arguments(w)
 
     commands.add_parser("simulate", help="a vLLM simulator for demos and tests (see hangwatch simulate --help)")
 
@@ -87,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
         "rules", help="write the Prometheus rules for your scrape interval, jobs and runbook"))
     rules_cli.add_dashboard_arguments(commands.add_parser("dashboard", help="write the Grafana dashboard"))
     return parser
+
+
+def version_line() -> str:
+    """What ``hangwatch --version`` prints (the same values as the ``hangwatch_build_info`` series)."""
+    return f"hangwatch {__version__} (Python {platform.python_version()})"
 
 
 def run_check(args) -> int:
@@ -162,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         return webhook_main(args)
     if args.command in ("rules", "dashboard"):
         from hangwatch.rules import cli as rules_cli
-        return rules_cli.run_rules(args) if args.command == "rules" else rules_cli.run_dashboard(args)
+        try:
+            return rules_cli.run_rules(args) if args.command == "rules" else rules_cli.run_dashboard(args)
+        except OSError as exc:  # --out cannot be created or written: a bad argument, like an unreadable --config
+            raise _usage(f"{args.command}: --out: cannot write {exc.filename or args.out}: "
+                         f"{exc.strerror or exc}") from None
     return EXIT_USAGE
 
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from hangwatch.httpserver import QuietThreadingHTTPServer
-from hangwatch.settings import ConfigError, listen_address
+from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address, secret_file
 
 from . import page as simulator_page
 
@@ -1003,9 +1003,29 @@ def _parse_listen(value: str) -> tuple[str, int]:
     return host, port
 
 
+def check_steps(steps: list[dict], spec: str) -> None:
+    """Every step names a known state or action, and ``for`` is seconds: a typo fails at start-up,
+    not in the scenario's thread minutes later."""
+    for number, step in enumerate(steps):
+        action, state, seconds = step.get("action"), step.get("state", "idle"), step.get("for")
+        if action not in (None, "restart"):
+            raise ConfigError(f"{spec}: step {number}: unknown action {action!r} (known: restart)")
+        if action is None and state not in STATES:
+            raise ConfigError(f"{spec}: step {number}: unknown state {state!r} (known: {', '.join(STATES)})")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                    or not 0 <= seconds < math.inf):
+            raise ConfigError(f"{spec}: step {number}: for: {seconds!r} is not a number of seconds")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # bad usage: one line and exit 64, as every hangwatch command
+        sys.stderr.write(f"hangwatch simulate: {message} (see --help)\n")
+        raise SystemExit(EXIT_CONFIG)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hangwatch.simulator",
-                                     description="A fake vLLM 0.32 server for tests and demos.")
+    parser = _Parser(prog="python -m hangwatch.simulator",
+                     description="A fake vLLM 0.32 server for tests and demos.")
     parser.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 8000),
                         help="loopback HOST:PORT (default 127.0.0.1:8000)")
     parser.add_argument("--model", default="tiny-llama", help="served model name")
@@ -1017,8 +1037,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key-file", help="as vLLM --api-key: /v1/* answers 401 without this key")
     args = parser.parse_args(argv)
     host, port = args.listen
-    steps = load_scenario(args.scenario) if args.scenario else []
-    api_key = open(args.api_key_file, encoding="utf-8").read().strip() if args.api_key_file else None
+    import yaml
+    try:
+        steps = load_scenario(args.scenario) if args.scenario else []
+        check_steps(steps, args.scenario)
+        api_key = secret_file(args.api_key_file, "--api-key-file") if args.api_key_file else None
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # ConfigError is a ValueError
+        if isinstance(exc, OSError):
+            reason = f"cannot read {exc.filename}: {exc.strerror}"
+        elif isinstance(exc, yaml.YAMLError):
+            reason = f"--scenario: {args.scenario} is neither JSON nor YAML: {' '.join(str(exc).split())}"
+        else:
+            reason = exc
+        sys.stderr.write(f"hangwatch simulate: {reason}\n")
+        return EXIT_CONFIG
     sim = Simulator(args.model, multiprocess=args.multiprocess, host=host, api_key=api_key).start(port)
     stop = threading.Event()
 

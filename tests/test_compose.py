@@ -8,8 +8,10 @@ Alertmanager configs, and hangwatch's own loaders validate the exporter and webh
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,8 @@ from hangwatch.webhook.config import load_config as load_webhook_config
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 PROFILES = ([], ["--profile", "gpu"], ["--profile", "sim"])
+EXISTING = ["-f", str(REPO / "docker-compose.yml"), "-f", str(REPO / "docker-compose.existing.yml")]
+HEALTHCHECK = "/usr/local/lib/hangwatch/healthcheck.py"   # where the Dockerfile puts deploy/healthcheck.py
 
 
 def compose() -> dict:
@@ -32,11 +36,12 @@ def services() -> dict:
     return compose()["services"]
 
 
-def resolved(profile: list[str]) -> dict:
-    """The file as docker-compose resolves it (anchors merged, profile applied)."""
+def resolved(profile: list[str], files: list[str] | None = None, env: dict | None = None) -> dict:
+    """The file as docker-compose resolves it (anchors merged, profile applied, overrides merged)."""
     docker_compose = require_binary("docker-compose")
-    done = subprocess.run([docker_compose, "-f", str(REPO / "docker-compose.yml"), *profile, "config"],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    files = files or ["-f", str(REPO / "docker-compose.yml")]
+    done = subprocess.run([docker_compose, *files, *profile, "config"], capture_output=True, text=True,
+                          timeout=60, cwd=REPO, env=None if env is None else {**os.environ, **env})
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
 
@@ -181,6 +186,9 @@ def test_every_service_has_a_healthcheck_that_sends_no_inference_request():
             assert check["test"] == ["CMD", "./healthcheck"] and "-allowhealthcheck" in service["command"]
             continue
         assert not re.search(r"/v1/(chat/)?completions|/generate", test), f"{name}: {test}"
+        if name in ("exporter", "webhook"):  # the image's own check: asks that server about itself
+            assert check["test"] == ["CMD", "python", HEALTHCHECK], name
+            continue
         assert "hangwatch check" in test or re.search(r"/metrics|/-/ready|/healthz|/api/health", test), test
 
 
@@ -275,8 +283,9 @@ def test_webhook_and_exporter_configs_load_with_hangwatchs_own_loaders():
     load_exporter_config(str(DEPLOY / "exporter.yml"))
 
 
-def test_the_mounted_files_exist():
-    for name, service in resolved(["--profile", "gpu", "--profile", "sim"])["services"].items():
+@pytest.mark.parametrize("files", [None, EXISTING], ids=["stack", "existing-vllm"])
+def test_the_mounted_files_exist(files):
+    for name, service in resolved(["--profile", "gpu", "--profile", "sim"], files)["services"].items():
         for volume in service.get("volumes", []):
             source = str(volume).split(":")[0]
             if source.startswith(str(REPO)):
@@ -332,3 +341,147 @@ def test_sigterm_waits_long_enough_for_a_restart_under_way():
     from hangwatch.webhook.app import restart_bound
     grace = services()["webhook"]["stop_grace_period"]
     assert grace.endswith("s") and float(grace[:-1]) > restart_bound(load_webhook_config(str(DEPLOY / "webhook.yml")))
+
+
+# -- the image ---------------------------------------------------------------------------------
+def dockerfile_stages() -> dict[str, list[str]]:
+    """Instruction lines (continuations joined) per stage name; the last stage is ``final``."""
+    text = re.sub(r"\\\n\s*", " ", (REPO / "Dockerfile").read_text())
+    stages, current = {"": []}, ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"FROM \S+(?: AS (\w+))?$", line)
+        if match:
+            current = match.group(1) or "final"
+            stages[current] = []
+        stages[current].append(line)
+    return stages
+
+
+def test_the_base_image_is_pinned_by_tag_and_digest():
+    stages = dockerfile_stages()
+    (pin,) = [line for line in stages[""] if line.startswith("ARG PYTHON_IMAGE=")]
+    assert re.fullmatch(r"ARG PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", pin), pin
+    assert stages["base"][0] == "FROM ${PYTHON_IMAGE} AS base"
+    for name, lines in stages.items():
+        if name not in ("", "base"):
+            assert lines[0] in (f"FROM base AS {name}", "FROM base"), lines[0]
+    assert "imagetools inspect" in (REPO / "Dockerfile").read_text(), "how to refresh the digest"
+
+
+def test_a_code_change_does_not_reinstall_the_dependencies():
+    """The dependencies' stage sees pyproject.toml only; the image copies that stage's venv in a
+    layer of its own before the wheel built from the code (Docker's cache keys on the inputs)."""
+    stages = dockerfile_stages()
+    copies = [line for line in stages["deps"] if line.startswith("COPY")]
+    assert copies == ["COPY pyproject.toml /tmp/pyproject.toml"]
+    assert any("pip install -r /tmp/requirements.txt" in line for line in stages["deps"])
+    assert any("pip wheel --no-deps" in line for line in stages["wheel"])
+    final = stages["final"]
+    deps_layer = final.index("COPY --from=deps /opt/hangwatch /opt/hangwatch")
+    wheel_layer = final.index("COPY --from=wheel /wheels /wheels")
+    assert deps_layer < wheel_layer
+    assert "RUN /opt/hangwatch/bin/pip install --no-deps /wheels/*.whl && rm -rf /wheels" in final
+    assert not any(line.startswith(("COPY hangwatch", "COPY exporter", "ADD")) for line in final[:deps_layer])
+
+
+def test_the_dependencies_stage_installs_exactly_pyprojects_dependencies(tmp_path):
+    (run,) = [line for line in dockerfile_stages()["deps"] if line.startswith("RUN python -c")]
+    snippet = re.match(r"RUN python -c '([^']*)'", run).group(1)
+    try:
+        import tomllib  # noqa: F401  (the image's Python has it; 3.10 has pytest's tomli)
+    except ImportError:
+        snippet = snippet.replace("tomllib", "tomli")
+    snippet = snippet.replace("/tmp/pyproject.toml", str(REPO / "pyproject.toml"))
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    listed = re.search(r"^dependencies = \[(.*?)^\]", (REPO / "pyproject.toml").read_text(), re.M | re.S).group(1)
+    assert done.stdout.split("\n")[:-1] == re.findall(r'^\s*"([^"]+)"', listed, re.M)
+
+
+def test_the_image_health_check_is_the_servers_own():
+    final = dockerfile_stages()["final"]
+    assert f"COPY deploy/healthcheck.py {HEALTHCHECK}" in final
+    (check,) = [line for line in final if line.startswith("HEALTHCHECK")]
+    assert check.endswith(f'CMD ["python", "{HEALTHCHECK}"]') and "--timeout=5s" in check
+    assert "ENV PATH=/opt/hangwatch/bin:$PATH" in final, "python is the image's venv"
+
+
+def test_the_build_context_holds_every_file_the_dockerfile_copies():
+    allowed = (REPO / ".dockerignore").read_text().split()
+    assert "*" in allowed, "the context is an allowlist"
+    for lines in dockerfile_stages().values():
+        for line in lines:
+            if line.startswith("COPY") and "--from=" not in line:
+                for source in line.split()[1:-1]:
+                    assert f"!{source}" in allowed or f"!{source}/" in allowed, source
+
+
+def test_hangwatch_services_run_under_an_init():
+    for name, service in resolved(["--profile", "sim"])["services"].items():
+        if service.get("image", "").startswith("hangwatch:"):
+            assert service.get("init") is True, name
+
+
+# -- beside a vLLM that is already running (docker-compose.existing.yml) -----------------------
+def test_the_existing_vllm_override_is_valid_with_and_without_an_api_key(tmp_path):
+    docker_compose = require_binary("docker-compose")
+    key = tmp_path / "vllm-api-key"
+    key.write_text("sk-test\n")
+    for env in ({}, {"VLLM_API_KEY_FILE": str(key)}):
+        done = subprocess.run([docker_compose, *EXISTING, "config", "-q"], capture_output=True, text=True,
+                              timeout=60, cwd=REPO, env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr
+    assert resolved([], EXISTING, {"VLLM_API_KEY_FILE": str(key)})["secrets"]["vllm-api-key"]["file"] == str(key)
+
+
+def test_the_existing_vllm_override_starts_no_vllm_and_reaches_it_through_the_host():
+    data = resolved([], EXISTING)
+    active = {name for name, s in data["services"].items() if not s.get("profiles")}
+    assert active == {"exporter", "prometheus", "alertmanager", "webhook", "docker-proxy", "grafana"}
+    assert data["secrets"]["vllm-api-key"]["file"] == "/dev/null", "nothing to create without --api-key"
+    mounts = {name: [str(v) for v in s.get("volumes", [])] for name, s in data["services"].items()}
+    for name, config in (("exporter", "exporter.yml"), ("webhook", "webhook.yml"), ("prometheus", "prometheus.yml")):
+        service = data["services"][name]
+        mine = [m for m in mounts[name] if m.endswith(f"/{config}:ro")]
+        assert mine == [f"{DEPLOY}/existing/{config}:" + mine[0].split(":", 1)[1]], (name, mounts[name])
+        if name != "prometheus":
+            hosts = service["extra_hosts"]  # docker-compose 1.29 prints a mapping, compose v2 a list
+            hosts = [f"{k}:{v}" for k, v in hosts.items()] if isinstance(hosts, dict) else hosts
+            assert hosts == ["host.docker.internal:host-gateway"], name
+            assert {s["source"] for s in service["secrets"]} >= {"vllm-api-key"}, name
+    assert {s["source"] for s in data["services"]["webhook"]["secrets"]} == {"hangwatch-token", "vllm-api-key"}
+    assert "ports" not in data["services"]["exporter"] and "ports" not in data["services"]["webhook"]
+
+
+def test_the_existing_vllm_names_agree_across_prometheus_exporter_and_webhook():
+    prometheus = yaml.safe_load((DEPLOY / "existing" / "prometheus.yml").read_text())
+    job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "hangwatch")
+    (static,) = job["static_configs"]
+    (target,) = load_webhook_config(str(DEPLOY / "existing" / "webhook.yml")).targets
+    exporter = load_exporter_config(str(DEPLOY / "existing" / "exporter.yml"))
+    assert static["labels"] == {"target": target.name, "container": target.container}
+    assert static["targets"] == [target.url] == list(exporter.allow_targets)
+    assert target.url.startswith("http://host.docker.internal:")
+    grace = services()["webhook"]["stop_grace_period"]
+    assert float(grace.rstrip("s")) > restart_bound_of(DEPLOY / "existing" / "webhook.yml")
+
+
+def restart_bound_of(path: Path) -> float:
+    from hangwatch.webhook.app import restart_bound
+    return restart_bound(load_webhook_config(str(path)))
+
+
+def test_the_existing_configs_take_the_api_key_where_the_override_mounts_it(tmp_path):
+    """Uncommenting the api_key_file lines, as the guide says, gives both the mounted key."""
+    key = tmp_path / "vllm-api-key"
+    key.write_text("sk-test-key\n")
+    for name in ("exporter.yml", "webhook.yml"):
+        text = (DEPLOY / "existing" / name).read_text()
+        assert "# api_key_file: /run/secrets/vllm-api-key" in text, name
+        enabled = re.sub(r"# (api_key_file: )/run/secrets/vllm-api-key", rf"\g<1>{key}", text)
+        (tmp_path / name).write_text(enabled)
+    assert load_exporter_config(str(tmp_path / "exporter.yml")).api_key == "sk-test-key"
+    assert load_webhook_config(str(tmp_path / "webhook.yml")).targets[0].api_key == "sk-test-key"

@@ -198,7 +198,7 @@ def test_environment_variables_are_documented_both_ways():
 
 
 def test_compose_variables_are_documented_with_their_defaults():
-    text = (REPO / "docker-compose.yml").read_text()
+    text = "".join(path.read_text() for path in sorted(REPO.glob("docker-compose*.yml")))
     code = {}
     for name, default in re.findall(r"\$\{(\w+)(?::-([^}]*))?\}", text):
         code[name] = default

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -26,6 +27,7 @@ from typing import Mapping
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from hangwatch import __version__, logs
 from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
 from .config import Config, load_config, load_reset_token, load_token
@@ -192,10 +194,8 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
 
 
 def main(args) -> int:
-    level = os.environ.get("HANGWATCH_LOG_LEVEL", "info").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
+        logs.setup(logs.resolve_level(getattr(args, "log_level", None)), getattr(args, "log_format", "text"))
         config = load_config(args.config)
         token = load_token(config)
         reset_token = load_reset_token(config, token)
@@ -211,5 +211,17 @@ def main(args) -> int:
     dry_run = bool(config.dry_run or args.dry_run)
     app = create_app(config, token=token, reset_token=reset_token, restarter=docker_restarters(config), ledger=ledger,
                      dry_run=dry_run)
-    return serve(app, host, port, banner=f"targets: {','.join(t.name for t in config.targets)}; "
-                                         f"dry_run={str(dry_run).lower()}; state_dir={config.state_dir}")
+    targets = ",".join(t.name for t in config.targets)
+    return serve(app, host, port, banner=f"hangwatch {__version__}; targets: {targets}; "
+                                         f"dry_run={str(dry_run).lower()}; state_dir={config.state_dir}",
+                 install_signals=False, ready=_stop_on_signals)
+
+
+def _stop_on_signals(server) -> None:
+    """SIGTERM or SIGINT stops the server at once, not at its loop's next poll (up to 0.5 s
+    later): the handler only starts a thread, which sets the stop flag and wakes the loop (waking
+    it from the handler itself could wait on a lock the interrupted loop holds)."""
+    def stop(signum, frame):
+        threading.Thread(target=server.request_stop, name="hangwatch-stop", daemon=True).start()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)

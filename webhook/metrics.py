@@ -11,6 +11,7 @@ window passes and agrees with what a second replica did. Sample::
     hangwatch_webhook_jobs_in_progress 0.0
     hangwatch_webhook_restarts_withheld_total{group="llama-70b",limit="group",target="vllm-a"} 0.0
     hangwatch_webhook_group_restarting{group="llama-70b"} 1.0
+    hangwatch_build_info{python_version="3.11.2",version="0.3.0"} 1.0
 
 A withheld restart is a target the re-check proved hung and a fleet-wide limit kept the
 webhook from restarting (``limits.py``): it is left to people, so it has its own series with
@@ -18,10 +19,13 @@ the target and group, for an alert to name them.
 """
 from __future__ import annotations
 
+import platform
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Info, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+
+from hangwatch import __version__
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -70,6 +74,9 @@ class WebhookMetrics:
                                 "reached (limit: group = group_limit, fleet = fleet_budget); left to people",
                                 ["target", "group", "limit"], registry=self.registry)
         self.registry.register(_StateCollector(circuit_open, jobs, group_restarting))
+        # node_exporter's build_info: which hangwatch (and Python) answers, as labels on a constant 1.
+        Info("hangwatch_build", "The hangwatch version and the Python it runs on.", registry=self.registry).info(
+            {"version": __version__, "python_version": platform.python_version()})
 
     def preset(self, targets, reasons, restart_reasons=("hung",), groups=None) -> None:
         """Create every series at 0, so rate(), increase() and annotations see the first event.

@@ -99,7 +99,7 @@ def serve(app, host: str, port: int, *, banner: str = "", install_signals: bool 
     if install_signals:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: server.request_stop(wake=False))
-    log.info("webhook listening on http://%s:%d%s", host, server.port, f" ({banner})" if banner else "")
+    log.info("webhook listening on http://%s:%s%s", host, server.port, f" ({banner})" if banner else "")
     if ready is not None:
         ready(server)
     server.serve_until_stopped()

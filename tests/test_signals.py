@@ -1,0 +1,74 @@
+"""SIGTERM (``docker stop``, systemd, Kubernetes) stops both servers at once with exit 0.
+
+In a container each runs as PID 1, where the kernel applies no default action: a process
+without its own handler ignores SIGTERM and ``docker stop`` waits its whole grace period
+(10 s) before SIGKILL. Before, the exporter had no handler (as a plain process it died of the
+signal, exit -15; as PID 1 it waited for SIGKILL) and the webhook saw the signal only at its
+loop's next poll. The webhook still waits for a restart under way (tests/webhook/test_serve.py).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.support.hostile import HostileServer
+from tests.support.servers import ServerProcess, webhook_config
+
+PROMPT = 1.0  # seconds from the signal to the process being gone
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_exporter_exits_0_at_once_on_a_signal(signum):
+    with ServerProcess("exporter") as exporter:
+        assert requests.get(exporter.url + "/metrics", timeout=5).status_code == 200
+        code, seconds = exporter.stop(signum)
+    assert code == 0, exporter.log()
+    assert seconds < PROMPT, f"took {seconds:.2f}s"
+    assert "exporter stopped" in exporter.log()
+
+
+def test_the_exporter_does_not_wait_for_a_probe_of_a_stalled_backend(tmp_path):
+    """A probe holds a worker for its whole scrape budget (10 s here); stopping abandons it."""
+    stalled = HostileServer({"/metrics": "drip_headers"}, gap=30)
+    config = tmp_path / "exporter.yml"
+    config.write_text("timeout: 10s\n")
+    try:
+        with ServerProcess("exporter", "--config", str(config)) as exporter:
+            answer = {}
+            scrape = threading.Thread(target=lambda: answer.setdefault("r", _get(
+                f"{exporter.url}/probe?target={stalled.url}")), daemon=True)
+            scrape.start()
+            _wait(lambda: ("GET", "/metrics") in stalled.requests, 10, "the probe to reach the backend")
+            code, seconds = exporter.stop()
+    finally:
+        stalled.stop()
+    assert code == 0, exporter.log()
+    assert seconds < PROMPT, f"took {seconds:.2f}s"
+    assert "abandoned 1 probe(s) in progress" in exporter.log()
+
+
+def test_the_webhook_exits_0_at_once_on_sigterm(tmp_path):
+    with ServerProcess("webhook", "--config", str(webhook_config(tmp_path))) as webhook:
+        assert requests.get(webhook.url + "/healthz", timeout=5).status_code == 200
+        code, seconds = webhook.stop()
+    assert code == 0, webhook.log()
+    assert seconds < PROMPT, f"took {seconds:.2f}s"
+    assert "webhook stopped" in webhook.log()
+
+
+def _get(url: str):
+    try:
+        return requests.get(url, timeout=30)
+    except requests.RequestException as exc:  # the exporter went away mid-answer: expected here
+        return exc
+
+
+def _wait(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)

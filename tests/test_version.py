@@ -1,0 +1,76 @@
+"""``hangwatch --version`` and ``hangwatch_build_info``: which hangwatch, on which Python.
+
+node_exporter's way: ``--version`` prints it, and each server exports a constant 1 labelled
+with the version and the runtime (``node_exporter_build_info{version, goversion, ...}``), so
+a dashboard or ``count by (version)`` shows what runs where. The version is written once, in
+``hangwatch/__init__.py``; the wheel's metadata reads it from there (pyproject.toml, dynamic).
+"""
+from __future__ import annotations
+
+import platform
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import hangwatch
+from hangwatch.cli import main
+from tests.support.servers import REPO
+
+
+def build_info(text: str) -> list[dict]:
+    for family in text_string_to_metric_families(text):
+        if family.name == "hangwatch_build_info":
+            return [dict(s.labels, value=s.value) for s in family.samples]
+    return []
+
+
+EXPECTED = {"version": hangwatch.__version__, "python_version": platform.python_version(), "value": 1.0}
+
+
+def test_version_prints_the_package_version_and_python(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"hangwatch {hangwatch.__version__} (Python {platform.python_version()})"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", hangwatch.__version__)
+
+
+def test_the_command_prints_it_too():
+    done = subprocess.run([sys.executable, "-m", "hangwatch", "--version"], capture_output=True, text=True,
+                          timeout=30, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.startswith(f"hangwatch {hangwatch.__version__} ")
+
+
+def test_the_exporter_exports_build_info():
+    from hangwatch.exporter.server import own_metrics
+    body = own_metrics(None).body.decode()
+    assert build_info(body) == [EXPECTED]
+
+
+def test_the_webhook_exports_build_info(tmp_path):
+    from tests.webhook.conftest import Harness
+    harness = Harness(tmp_path)
+    try:
+        body = harness.client.get("/metrics").get_data(as_text=True)
+    finally:
+        harness.close()
+    assert build_info(body) == [EXPECTED]
+
+
+def test_the_wheel_carries_the_same_version_and_the_license(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = tmp_path.glob("hangwatch-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(meta).decode()
+        licenses = [n for n in archive.namelist() if "/licenses/" in n]
+        assert [archive.read(n) for n in licenses] == [(REPO / "LICENSE").read_bytes()]
+    assert f"\nVersion: {hangwatch.__version__}\n" in metadata
+    assert "\nLicense-Expression: Apache-2.0\n" in metadata
+    assert "\nRequires-Python: >=3.10\n" in metadata
