@@ -1,6 +1,6 @@
 """The example Prometheus and Alertmanager configs, pointed at a real vLLM through the exporter.
 
-Real Prometheus (the shipped rules retimed to a 3 s scrape by rules/retime.py) scrapes the
+Real Prometheus (the rules `hangwatch rules` renders for a 3 s scrape) scrapes the
 real `hangwatch exporter`, which reads the package's real vLLM; real Alertmanager routes the
 restart alert to a recording receiver. Busy: no alert, no probe (vLLM's own counters).
 EngineCore stopped with work in flight: exactly one HangwatchBackendHung notification, and
