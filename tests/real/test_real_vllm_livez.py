@@ -19,7 +19,8 @@ import pytest
 import requests
 
 from hangwatch.exporter.config import ExporterConfig
-from hangwatch.exporter.server import make_server
+from tests.support.processes import start_server
+from tests.support.stack import hangwatch_command
 from tests.real.test_real_vllm_verdicts import RUNNING, inference_requests
 from tests.real.vllm_server import LONG_PROMPT_TOKENS
 
@@ -31,12 +32,14 @@ PROBE_TIMEOUT = 10  # the kubelet's timeoutSeconds in deploy/kubernetes
 
 
 @pytest.fixture(scope="module")
-def exporter():
-    server = make_server("127.0.0.1:0", CONFIG)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+def exporter(tmp_path_factory):
+    """``hangwatch exporter`` with no config (the defaults) as its own process, as a pod runs
+    it: in this process it would share one GIL with the tests' streaming clients, and a
+    2 s reading took 5 s of wall clock there (measured), which no deployment would see."""
+    log = tmp_path_factory.mktemp("livez") / "exporter.log"
+    process = start_server("exporter", [*hangwatch_command(), "exporter", "--listen", "127.0.0.1:0"], log, "/metrics")
+    yield process.url
+    process.stop()
 
 
 def ask(exporter, endpoint, target, show=True):
