@@ -91,7 +91,9 @@ VLLM = EngineMetrics(
     ),
     version_path="/version",
     prefill=("kv_cache_usage_perc climbs chunk by chunk; prefix_cache_queries_total jumps by the "
-             "prompt length when the prefill is scheduled; the token and step counters stay flat"),
+             "prompt length when the prefill is scheduled; the token and step counters stay flat. "
+             "A pooling model (--runner pooling) shows the same for a long embedding input; a short "
+             "one can start and finish between two readings, unseen by the running/waiting gauges"),
     verified="real server: vLLM 0.32 (CPU), tests/real",
     unreliable={
         "vllm:prompt_tokens_total": "flat during a whole chunked prefill (measured, vLLM 0.32)",
