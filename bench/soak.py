@@ -331,7 +331,13 @@ def summarize(soak: Soak) -> dict:
     s, m = soak.settings, soak.marks
     sent = soak.proxy.sent()
     measured = [r for r in sent if r.at < m.cutoff]
-    busy = [r for r in measured if r.while_busy]
+    # Up to the freeze: the server is healthy, so a request hangwatch sends while anything is in
+    # flight is a harm. After it, EngineCore is stopped and its last page is what hangwatch reads:
+    # stopped right after a batch ended, that page says nothing in flight while the load's new
+    # requests wait in the API server, so hangwatch probes the wedged server (measured in CI):
+    # that is the idle path doing its job, counted apart.
+    busy = [r for r in measured if r.while_busy and r.at < m.freeze]
+    after_freeze = [r for r in measured if not r.read_only and r.at >= m.freeze]
     probes = [r for r in measured if not r.read_only and not r.while_busy]
     reads = [r for r in measured if r.read_only]
     decisions = soak.webhook.decisions()
@@ -396,6 +402,8 @@ def summarize(soak: Soak) -> dict:
             "decisions before the freeze": [(d["action"], d["reason"]) for d in before_freeze],
             "requests while in flight": len(busy),
             "requests while in flight (detail)": [dataclasses.asdict(r) for r in busy[:20]],
+            "requests to the frozen server": len(after_freeze),
+            "requests to the frozen server (detail)": [dataclasses.asdict(r) for r in after_freeze[:6]],
             "idle probes": len([r for r in probes if r.method == "POST"]),
             "idle probe requests (all paths)": len(probes),
             "reads (/metrics, /version)": len(reads),
