@@ -94,10 +94,12 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
     holder: dict = {}
     metrics = WebhookMetrics(lambda: holder["policy"].circuit_open(), lambda: holder["worker"].in_progress(),
                              lambda: holder["policy"].group_restarting())
+    dry_run = config.dry_run if dry_run is None else dry_run
     metrics.preset([target.name for target in config.targets], REASONS,
-                   groups={target.name: target.group for target in config.targets})
+                   groups={target.name: target.group for target in config.targets},
+                   results=("dry_run",) if dry_run else ("ok", "failed"))
     policy = Policy(config, restarter=restarter, clock=clock, rechecker=rechecker, ledger=ledger, metrics=metrics,
-                    dry_run=config.dry_run if dry_run is None else dry_run, replica=replica)
+                    dry_run=dry_run, replica=replica)
     worker = Worker(policy.run)
     holder.update(policy=policy, worker=worker)
     state = WebhookState(config, policy, worker, ledger, metrics,

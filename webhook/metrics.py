@@ -78,13 +78,14 @@ class WebhookMetrics:
         Info("hangwatch_build", "The hangwatch version and the Python it runs on.", registry=self.registry).info(
             {"version": __version__, "python_version": platform.python_version()})
 
-    def preset(self, targets, reasons, restart_reasons=("hung",), groups=None) -> None:
+    def preset(self, targets, reasons, restart_reasons=("hung",), groups=None, results=("ok", "failed")) -> None:
         """Create every series at 0, so rate(), increase() and annotations see the first event.
-        ``groups``: target name -> its group (None: no group)."""
+        ``groups``: target name -> its group (None: no group). ``results``: the restart results
+        this webhook can count (``dry_run`` alone in a dry run)."""
         for reason in reasons:
             self.decisions.labels("restart" if reason in restart_reasons else "skip", reason)
         for target in targets:
-            for result in ("ok", "failed"):
+            for result in results:
                 self.restarts.labels(target, result)
             group = (groups or {}).get(target)
             for limit in (("group", "fleet") if group else ("fleet",)):

@@ -233,6 +233,9 @@ class Policy:
 
     def _restart(self, alert: Alert, target: Target, container: Container, result) -> None:
         if self.dry_run:
+            # Counted per target like a restart, so the dashboard's restart annotation marks
+            # what a dry run would have done ("restart of vllm-a: dry_run").
+            self.metrics.restarts.labels(target.name, "dry_run").inc()
             self.record(alert, target, RESTART, "hung", result.verdict.reason, dry_run=True)
             return
         incident = {

@@ -37,7 +37,7 @@ from tests.webhook.real_parts import backend_image, docker_client, dockerd  # no
 
 pytestmark = pytest.mark.real
 
-TOKEN = "fleet-e2e-token-0123456789"
+TOKEN = "fleet-e2e-token-0123456789-0123456789"  # the webhook needs 32 characters or more
 
 
 def base_prefix() -> str:

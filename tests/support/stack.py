@@ -33,7 +33,7 @@ from .wait import wait_until
 EXAMPLES = REPO / "examples"
 RULE_FILES = (REPO / "rules" / "hangwatch-recording.yml", REPO / "rules" / "hangwatch-alerts.yml",
               REPO / "rules" / "hangwatch-fleet.yml")
-TOKEN = "e2e-secret-token"
+TOKEN = "e2e-secret-token-0123456789-0123456789"  # as long as the webhook requires (32+)
 HUNG = "HangwatchBackendHung"
 
 
@@ -192,7 +192,12 @@ class Stack:
         exporter = f"127.0.0.1:{self.exporter.port}"
         jobs = config["scrape_configs"]
         for name, address in self.extra_jobs.items():
-            jobs.append({"job_name": name, "static_configs": [{"targets": [address]}]})
+            # A job the example already has (hangwatch_webhook) keeps its settings and gets the address.
+            job = next((j for j in jobs if j["job_name"] == name), None)
+            if job is None:
+                jobs.append({"job_name": name, "static_configs": [{"targets": [address]}]})
+            else:
+                job["static_configs"] = [{"targets": [address]}]
         for job in jobs:
             job["scrape_interval"], job["scrape_timeout"] = interval, timeout
             if job["job_name"] == "hangwatch":

@@ -260,6 +260,10 @@ def test_dry_run_logs_the_restart_and_touches_nothing(harness, caplog):
     h.post(payload(h.alert()))  # a dry run spends no budget and starts no cooldown
     h.settle()
     assert reasons(h) == [("restart", "hung"), ("restart", "hung")]
+    # Counted per target as what it is, for the dashboard's restart annotation; no "ok" series.
+    text = h.client.get("/metrics").text
+    assert 'hangwatch_webhook_restarts_total{result="dry_run",target="vllm-a"} 2.0' in text
+    assert 'result="ok"' not in text and 'result="failed"' not in text
 
 
 def test_metrics_and_healthz(harness):
