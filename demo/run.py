@@ -244,7 +244,9 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
                30, "the webhook to finish its jobs", ignore=TRANSIENT)
     decisions.extend(say.webhook_decisions())
     restart_decisions = stack.webhook_metric("hangwatch_webhook_decisions_total", action="restart")
-    real_restarts = stack.webhook_metric("hangwatch_webhook_restarts_total")
+    # A dry run counts its decision as result="dry_run"; a real restart would be "ok" or "failed".
+    real_restarts = (stack.webhook_metric("hangwatch_webhook_restarts_total", result="ok")
+                     + stack.webhook_metric("hangwatch_webhook_restarts_total", result="failed"))
     stack.drive("idle")  # thaw: the demo's own cleanup, not hangwatch's doing
 
     # summary ------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import logging
 import os
 import platform
 import resource
+import select
 import signal
 import sys
 import threading
@@ -301,17 +302,35 @@ def serve_until_signalled(server: BoundedHTTPServer) -> int:
     state: a probe still reading a backend is abandoned (that scrape fails, which Prometheus
     records as a gap, not a verdict), and the process exits without waiting for it.
     """
-    stop = threading.Event()
+    # The handler only notes the signal: it runs between two bytecodes of the main thread, which
+    # may hold the very lock an Event.set() would take (measured: a SIGTERM that deadlocked the
+    # exporter until it was killed). The wake-up fd, written by the C-level handler, ends the wait.
+    signalled: list[int] = []
     serving = threading.Thread(target=server.serve_forever, name="hangwatch-exporter-loop", daemon=True)
     in_main = threading.current_thread() is threading.main_thread()
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    previous_wakeup = None
     if in_main:
+        previous_wakeup = signal.set_wakeup_fd(wake_write)
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda signum, frame: stop.set())
+            signal.signal(signum, lambda signum, frame: signalled.append(signum))
     serving.start()
-    while serving.is_alive() and not stop.wait(1.0):
-        pass
-    failed = not serving.is_alive() and not stop.is_set()
-    if stop.is_set():
+    try:
+        while serving.is_alive() and not signalled:
+            select.select([wake_read], [], [], 1.0)
+            try:
+                os.read(wake_read, 64)
+            except BlockingIOError:
+                pass
+    finally:
+        if in_main:
+            signal.set_wakeup_fd(previous_wakeup)
+        os.close(wake_read)
+        os.close(wake_write)
+    failed = not serving.is_alive() and not signalled
+    if signalled:
         log.info("stopping (signal)")
     server.shutdown()
     abandoned = server.stats.work_running

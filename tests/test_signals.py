@@ -72,3 +72,21 @@ def _wait(condition, timeout: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize("server", ["exporter", "webhook"])
+def test_a_signal_that_waits_out_a_stop_still_stops_at_once(server, tmp_path):
+    """SIGTERM sent to a stopped server (SIGSTOP, or a paused container) is handled the moment it
+    resumes, while its main thread comes back from a wait that timed out meanwhile and holds that
+    wait's lock: a handler that takes the same lock (Event.set) deadlocks there. Seen in CI on a
+    loaded machine, where the SIGTERM after a SIGCONT landed before the process ran again: an
+    exporter "still running 10s after signal 15"."""
+    args = ("--config", str(webhook_config(tmp_path))) if server == "webhook" else ()
+    for _ in range(4):
+        with ServerProcess(server, *args) as process:
+            process.process.send_signal(signal.SIGSTOP)
+            time.sleep(1.1)  # past the main thread's 1 s wait: it has timed out when the process resumes
+            process.process.send_signal(signal.SIGTERM)  # pending until SIGCONT
+            process.process.send_signal(signal.SIGCONT)
+            code, seconds = process.stop(signal.SIGTERM, timeout=5)
+            assert code == 0 and seconds < 2, (code, seconds, process.log())
