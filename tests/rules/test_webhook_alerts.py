@@ -4,6 +4,7 @@ HangwatchWebhookCircuitOpen: the webhook spent a target's restart budget and res
 more; one alert per target however many webhook replicas report it, after ``for: 1m`` and
 not before, and never for a circuit that closed sooner. HangwatchExporterDown covers the
 webhook's own scrape job: a webhook Prometheus cannot reach restarts nothing.
+HangwatchRestartWithheld: a target re-checked hung and left to people by a fleet-wide limit.
 """
 from __future__ import annotations
 
@@ -90,3 +91,24 @@ def test_a_webhook_that_answers_is_no_alert(tmp_path):
                                  series("hangwatch_webhook_circuit_open", {**WEBHOOK, "target": "vllm"}, "0x14")], [
         {"eval_time": f"{t}s", "alertname": name, "exp_alerts": []}
         for t in (60, 150, 200) for name in ("HangwatchExporterDown", "HangwatchWebhookCircuitOpen")])
+
+
+WITHHELD = "HangwatchRestartWithheld"
+
+
+def test_a_withheld_restart_fires_at_once_once_per_target_and_outlasts_a_repeat_interval(tmp_path):
+    # Two replicas share the ledger; one of them withheld vllm's restart at t=30s (group limit).
+    # Every series starts at 0: the webhook presets them, so the first withheld restart is an increase.
+    labels = {"target": "vllm", "group": "llama-70b", "limit": "group"}
+    withheld = [series("hangwatch_webhook_restarts_withheld_total", {**WEBHOOK, **labels}, "0 0 1x100"),
+                series("hangwatch_webhook_restarts_withheld_total",
+                       {**WEBHOOK, "instance": "webhook-2:9878", **labels}, "0x102")]
+    never = series("hangwatch_webhook_restarts_withheld_total",
+                   {**WEBHOOK, "target": "vllm-b", "group": "llama-70b", "limit": "fleet"}, "0x102")
+    firing = [expected(WITHHELD, labels)]
+    run(tmp_path, "withheld", withheld + [never], [
+        {"eval_time": "27s", "alertname": WITHHELD, "exp_alerts": []},
+        {"eval_time": "33s", "alertname": WITHHELD, "exp_alerts": firing},      # no for: people hear at once
+        {"eval_time": "16m", "alertname": WITHHELD, "exp_alerts": firing},      # past a 15m repeat_interval
+        {"eval_time": "21m", "alertname": WITHHELD, "exp_alerts": []},          # the window has passed
+    ])
