@@ -336,7 +336,13 @@ def summarize(soak: Soak) -> dict:
     # stopped right after a batch ended, that page says nothing in flight while the load's new
     # requests wait in the API server, so hangwatch probes the wedged server (measured in CI):
     # that is the idle path doing its job, counted apart.
-    busy = [r for r in measured if r.while_busy and r.at < m.freeze]
+    busy_sent = [r for r in measured if r.while_busy and r.at < m.freeze]
+    # The load's onset can fall between hangwatch's reading (nothing open anywhere) and the probe
+    # that reading called for, a few hundred ms later on a loaded machine (measured: 168 ms, the
+    # load's 7 requests opened in between). No checker can see a request that does not exist yet:
+    # such a request is reported apart; one sent after a reading that saw work open is a harm.
+    raced = _raced_with_onset(measured, busy_sent)
+    busy = [r for r in busy_sent if r not in raced]
     after_freeze = [r for r in measured if not r.read_only and r.at >= m.freeze]
     probes = [r for r in measured if not r.read_only and not r.while_busy]
     reads = [r for r in measured if r.read_only]
@@ -402,6 +408,8 @@ def summarize(soak: Soak) -> dict:
             "decisions before the freeze": [(d["action"], d["reason"]) for d in before_freeze],
             "requests while in flight": len(busy),
             "requests while in flight (detail)": [dataclasses.asdict(r) for r in busy[:20]],
+            "requests raced by the load's onset": len(raced),
+            "requests raced by the load's onset (detail)": [dataclasses.asdict(r) for r in raced[:6]],
             "requests to the frozen server": len(after_freeze),
             "requests to the frozen server (detail)": [dataclasses.asdict(r) for r in after_freeze[:6]],
             "idle probes": len([r for r in probes if r.method == "POST"]),
@@ -439,6 +447,19 @@ def _streak(checks: list, until: float, failures: int) -> int:
         if streak >= failures:
             streak = 0
     return streak
+
+
+def _raced_with_onset(sent: list, busy: list, window_s: float = 1.0) -> list:
+    """Of ``busy``, the requests whose /metrics read just before them (at most ``window_s``
+    earlier) found no client request open: the clients' ledger is a superset of what vLLM has
+    in flight, so the server was idle when hangwatch read it."""
+    reads = sorted((r for r in sent if r.path.startswith("/metrics")), key=lambda r: r.at)
+    raced = []
+    for request in busy:
+        before = [r for r in reads if r.at <= request.at]
+        if before and request.at - before[-1].at <= window_s and before[-1].clients_in_flight == 0:
+            raced.append(request)
+    return raced
 
 
 def _reading_to_probe_gaps(sent: list) -> list[float]:

@@ -168,3 +168,16 @@ def test_the_proxy_port_is_loopback(proxied):
     assert host == "127.0.0.1"
     with socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1])), timeout=2):
         pass
+
+
+def test_a_request_after_an_idle_reading_is_the_loads_onset_and_after_a_busy_one_a_harm():
+    from bench.soak import _raced_with_onset
+    from bench.soak_proxy import Sent
+    reads = [Sent(10.0, 0, "GET", "/metrics", 0, None), Sent(13.0, 0, "GET", "/metrics", 7, None)]
+    onset = [Sent(10.17, 0, "GET", "/v1/models", 7, 7.0), Sent(10.2, 0, "POST", "/v1/completions", 7, 7.0)]
+    harm = [Sent(13.1, 0, "POST", "/v1/completions", 7, 7.0)]
+    late = [Sent(12.5, 0, "POST", "/v1/completions", 7, 7.0)]  # its reading is 2.5 s old: no excuse
+    sent = reads + onset + harm + late
+    busy = [r for r in sent if r.while_busy]
+    assert busy == onset + harm + late
+    assert _raced_with_onset(sent, busy) == onset
