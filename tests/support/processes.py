@@ -41,6 +41,19 @@ def _die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
     return arm
 
 
+def stop_popen(popen: subprocess.Popen, timeout: float = 10.0) -> None:
+    """One process (not its group): SIGCONT + SIGTERM, SIGKILL after ``timeout``; idempotent.
+    For servers a test starts with its own ``Popen`` (sshd, a second dockerd, the webhook)."""
+    if popen.poll() is None:
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            popen.send_signal(sig)
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(10)
+
+
 class ProcessExited(RuntimeError):
     """The process ended while we waited for it."""
 

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import tarfile
@@ -25,6 +24,7 @@ import pytest
 import requests
 
 from tests.support.ports import free_port  # noqa: F401  (sshd.py and the Alertmanager test import it here)
+from tests.support.processes import stop_popen
 from tests.support.require import require, require_binary
 from tests.support.wait import wait_until
 
@@ -202,13 +202,7 @@ class WebhookProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_popen(self.process, 30)
         self._log.close()
 
 

@@ -19,6 +19,7 @@ import time
 
 import docker
 
+from tests.support.processes import stop_popen
 from tests.support.require import require, require_binary
 
 from .certs import Certs
@@ -87,14 +88,7 @@ class SecondEngine:
         self.process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_popen(self.process, 30)
 
     def close(self) -> None:
         if self.client is not None and self.process.poll() is None:

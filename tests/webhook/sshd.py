@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 
+from tests.support.processes import stop_popen
 from tests.support.require import require, require_binary
 
 from .real_parts import free_port
@@ -77,13 +77,7 @@ class SSHServer:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_popen(self.process, 10)
 
     def close(self) -> None:
         self.stop()
