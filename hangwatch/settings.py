@@ -91,16 +91,24 @@ def string_list(value: Any, path: str, *, non_empty: bool = False) -> tuple[str,
     return tuple(string(item, f"{path}[{i}]") for i, item in enumerate(value))
 
 
+def split_url(text: str, path: str):
+    """``urlsplit`` whose port is valid (reading ``.port`` afterwards cannot raise), or a
+    ConfigError naming ``path``."""
+    try:
+        parts = urlsplit(text)
+        parts.port
+    except ValueError:
+        raise ConfigError(f"{path}: {show(text)} is not a URL") from None
+    return parts
+
+
 def http_url(value: Any, path: str, *, allow_path: bool = False) -> str:
     """``scheme://host[:port]`` (a base path only when ``allow_path``); never credentials,
     a query or a fragment: a URL is where hangwatch sends requests, so it says nothing else."""
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{path}: expected an http(s) URL, got {show(value)}")
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError:
-        raise ConfigError(f"{path}: {show(value)} is not a URL") from None
+    parts = split_url(value, path)
+    port = parts.port
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{path}: {show(value)} must be http(s)://HOST[:PORT]")
     if "@" in parts.netloc:

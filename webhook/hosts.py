@@ -25,7 +25,7 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hangwatch.settings import ConfigError, loose_permissions, mapping, show, string
+from hangwatch.settings import ConfigError, loose_permissions, mapping, show, split_url, string
 
 log = logging.getLogger("hangwatch.webhook")
 
@@ -119,11 +119,8 @@ def docker_url(value, path: str) -> str:
     text = string(value, path).strip()
     if any(c.isspace() or not c.isprintable() for c in text):
         raise ConfigError(f"{path}: {show(text)} contains spaces or control characters")
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError:
-        raise ConfigError(f"{path}: {show(text)} is not a URL") from None
+    parts = split_url(text, path)
+    port = parts.port
     if parts.scheme not in SCHEMES:
         raise ConfigError(f"{path}: {show(text)}: the scheme must be one of "
                           f"{', '.join(s + '://' for s in SCHEMES)}")
