@@ -55,6 +55,13 @@ else
     if [ -d /opt/wheels ]; then
         pip_args+=(--find-links /opt/wheels)
     fi
+    # The environment, not an option: setuptools' own `pip wheel` for wavedrom's setup_requires
+    # reads it too. A machine-wide constraints file (pip.conf's) still applies beside ours.
+    constraints="$PWD/.ci/fastchat-constraints.txt"
+    if [ -f /etc/xdg/pip/constraints.txt ]; then
+        constraints="$constraints /etc/xdg/pip/constraints.txt"
+    fi
+    export PIP_CONSTRAINT="$constraints"
     start=$(date +%s)
     # torch first, so fschat's dependencies settle on the CPU wheel already on disk.
     log "pip install ${PINS[0]}"
