@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 from .ports import free_port  # noqa: F401  (the tests that silence the log line take a port from here)
+from .processes import REPO
 from .wait import WaitTimeout, wait_until
-
-REPO = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 TOKEN = "proc-token-0123456789-0123456789-abc"
 
@@ -81,10 +80,12 @@ class ServerProcess:
     def log(self) -> str:
         return "\n".join(self.lines)
 
-    def stop(self, signum: int = signal.SIGTERM, timeout: float = 10) -> tuple[int, float]:
-        """Send ``signum``; (exit code, seconds until the process was gone)."""
+    def stop(self, signum: int | None = signal.SIGTERM, timeout: float = 10) -> tuple[int, float]:
+        """Send ``signum`` (None: send nothing, a signal is already on its way); (exit code,
+        seconds until the process was gone)."""
         started = time.monotonic()
-        self.process.send_signal(signum)
+        if signum is not None:
+            self.process.send_signal(signum)
         try:
             code = self.process.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -14,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from .processes import REPO
+
 LOCK = Path(tempfile.gettempdir()) / "hangwatch-tests-wheel.lock"
 
 
@@ -24,7 +25,7 @@ def built_wheel() -> Path:
     out = Path(tempfile.mkdtemp(prefix="hangwatch-wheel-"))
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)],
                               capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     (wheel,) = out.glob("hangwatch-*.whl")
