@@ -52,6 +52,25 @@ def venv_path() -> str:
     return os.environ.get("HANGWATCH_VLLM_VENV", DEFAULT_VENV)
 
 
+def shared_cache_dir(venv: str) -> str:
+    """Where every server of this venv keeps the model directory and vLLM's torch.compile
+    artefacts. Compiling the tiny model takes ≈ 35 s of each start on 2 CPU cores; vLLM keys
+    its cache by a hash of the whole configuration, code and model path included, and writes
+    each artefact atomically, so servers started alike (and restarts) load it instead, as a
+    production restart with a warm ``~/.cache/vllm`` does. Kept beside the cached venv
+    (``HANGWATCH_VLLM_COMPILE_CACHE`` overrides), or in a temporary directory if that is not
+    writable."""
+    chosen = os.environ.get("HANGWATCH_VLLM_COMPILE_CACHE") or os.path.join(
+        os.path.dirname(os.path.abspath(venv)), "vllm-compile-cache")
+    try:
+        os.makedirs(chosen, exist_ok=True)
+        if os.access(chosen, os.W_OK):
+            return chosen
+    except OSError:
+        pass
+    return os.path.join(tempfile.gettempdir(), f"hangwatch-vllm-compile-cache-{os.getuid()}")
+
+
 def venv_usable(venv: str | None = None) -> bool:
     """Cheap check (no import, which takes ≈ 7 s): python and the api_server module exist."""
     venv = venv or venv_path()
@@ -345,7 +364,8 @@ class VLLMServer:
         self.command = command
         self._own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="hangwatch-vllm-")
-        self.model_dir = os.path.join(self.workdir, "model")
+        self.cache_dir = shared_cache_dir(self.venv)
+        self.model_dir = os.path.join(self.cache_dir, tinymodel.MARKER)  # one path: one compile hash
         self.proc: subprocess.Popen | None = None
         self.pids_seen: set[int] = set()
         self.frozen_pid: int | None = None
@@ -360,16 +380,28 @@ class VLLMServer:
     # -- lifecycle -------------------------------------------------------------------------
 
     def build_model(self) -> None:
+        """Build the shared model directory once: into a private directory, then renamed into
+        place, so a server never reads a half-written one."""
         if tinymodel.is_built(self.model_dir):
             return
-        subprocess.run([self.python, os.path.join(HERE, "tinymodel.py"), self.model_dir],
-                       check=True, capture_output=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": ""})
+        building = tempfile.mkdtemp(prefix=".building-", dir=self.cache_dir)
+        try:
+            subprocess.run([self.python, os.path.join(HERE, "tinymodel.py"), building],
+                           check=True, capture_output=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": ""})
+            shutil.rmtree(self.model_dir, ignore_errors=True)  # an incomplete one: no marker
+            try:
+                os.rename(building, self.model_dir)
+            except OSError:
+                if not tinymodel.is_built(self.model_dir):  # not another builder's finished one
+                    raise
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
 
     def env(self) -> dict[str, str]:
         tmp = os.path.join(self.workdir, "tmp")
-        for d in ("tmp", "cache", "inductor"):
-            os.makedirs(os.path.join(self.workdir, d), exist_ok=True)
+        os.makedirs(tmp, exist_ok=True)
+        os.makedirs(os.path.join(self.workdir, "hf"), exist_ok=True)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("VLLM_", "PROMETHEUS_MULTIPROC"))}
         env.update({
@@ -379,9 +411,9 @@ class VLLMServer:
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
-            "VLLM_CACHE_ROOT": os.path.join(self.workdir, "cache"),
-            "TORCHINDUCTOR_CACHE_DIR": os.path.join(self.workdir, "inductor"),
-            "HF_HOME": os.path.join(self.workdir, "cache", "hf"),
+            "VLLM_CACHE_ROOT": os.path.join(self.cache_dir, "vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(self.cache_dir, "inductor"),
+            "HF_HOME": os.path.join(self.workdir, "hf"),
             "TMPDIR": tmp,
             "PYTHONUNBUFFERED": "1",
         })
@@ -488,7 +520,8 @@ class VLLMServer:
         return self.start(deadline_s)
 
     def close(self) -> None:
-        """Stop and remove the work directory (model, logs, caches)."""
+        """Stop and remove the work directory (logs, temporary files); the shared model and
+        compile cache stay."""
         self.stop()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
