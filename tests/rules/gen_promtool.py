@@ -246,10 +246,13 @@ def rule_files(out: Path, settings: Settings, semantics: str = "closed") -> list
     return paths
 
 
-def write_all(out: Path, scale: float = 1.0, variants=VARIANTS) -> list[Path]:
-    """One test file per scenario and range semantics, against the rules for its scrape interval."""
+def write_all(out: Path, scale: float = 1.0, variants=VARIANTS, names=None) -> list[Path]:
+    """One test file per scenario (those ``names``, or all) and range semantics, against the
+    rules for its scrape interval."""
     written = []
     for scenario in load_all():
+        if names is not None and scenario.name not in names:
+            continue
         interval = scenario.scrape_interval * scale
         for semantics in SEMANTICS:
             rules = rule_files(out / f"rules-{format_duration(interval)}-{semantics}",
