@@ -39,6 +39,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from hangwatch.engines import ENGINES_BY_NAME
 from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import module as module_named
 from hangwatch.observation import TIMEOUT, Observation, Options
@@ -167,6 +168,11 @@ class BackendCollector:
         started = time.monotonic()
         deadline = Deadline.after(self.budget)
         observation = module_named(self.module).observe(self.client, self.target, deadline, self.options)
+        yield from self.families(observation, started, deadline)
+
+    def families(self, observation: Observation, started: float, deadline: Deadline):
+        """The series for an observation taken since ``started``, with the engine's version
+        (asked within ``deadline`` unless ``versions`` knows it)."""
         reading = observation.reading
         if reading is not None:
             version = self.versions and self.versions.get(self.target, reading.engine, reading.process_start)
@@ -177,7 +183,16 @@ class BackendCollector:
                     self.versions.put(self.target, reading.engine, reading.process_start, version)
             observation = replace(observation, reading=replace(reading, version=version))
         self.last_observation = observation
-        yield from families_for(observation, self.module, time.monotonic() - started)
+        return families_for(observation, self.module, time.monotonic() - started)
+
+    def version_asks(self, observation: Observation, deadline: Deadline) -> bool:
+        """True when ``families`` would send a request (the version is not known yet)."""
+        reading = observation.reading
+        if reading is None or (self.versions and self.versions.get(self.target, reading.engine,
+                                                                   reading.process_start)):
+            return False
+        spec = ENGINES_BY_NAME.get(reading.engine)
+        return spec is not None and spec.version_path is not None and deadline.left() >= 0.05
 
 
 class _Fixed:

@@ -26,6 +26,7 @@ when it never blocks, else it runs on a probe worker under the same limit.
 """
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
@@ -42,10 +43,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hangwatch import __version__, logs
-from hangwatch.fetch import Client
+from hangwatch.fetch import Client, Deadline
 from hangwatch.httpserver import BoundedHTTPServer, Request, Response, Route
+from hangwatch.loopfetch import LoopClient
 from hangwatch.modules import MODULES as OBSERVERS
 from hangwatch.observation import PROBE_KINDS
+from hangwatch.observe import metrics_observation, observe_load, probe_due
+from hangwatch.probe import send_probe
 from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
 
 from .collector import BackendCollector, render
@@ -109,9 +113,11 @@ class Prober:
     def __init__(self, config: ExporterConfig):
         self.config = config
         self.client = Client(max_idle=IDLE_CONNECTIONS)
+        self.loop_client: LoopClient | None = None  # made on the server's loop, on its first probe
         self.versions = VersionCache()
 
-    def answer(self, query: str, timeout_header: str | None, waited: float = 0.0) -> tuple[int, str, bytes]:
+    def asked(self, query: str) -> tuple[int, str, bytes] | tuple[str, str, str | None]:
+        """(target, module, probe kind) from a /probe query, or the 400/403 answer to it."""
         params = parse_qs(query, keep_blank_values=True)
         targets, modules = params.get("target", []), params.get("module", ["backend"])
         probes = params.get("probe", [""])
@@ -126,10 +132,21 @@ class Prober:
         code, target = probe_target(targets[0], self.config)
         if code:
             return code, TEXT, f"{target}\n".encode()
+        return target, module, probe
+
+    def collector(self, target: str, module: str, probe: str | None, timeout_header: str | None,
+                  waited: float) -> BackendCollector:
         # The budget counts from the request's arrival: time spent waiting for a worker is spent.
         budget = max(0.1, scrape_budget(timeout_header, self.config) - waited)
-        collector = BackendCollector(target, module, budget, self.config.options_for(target, probe), self.client,
-                                     versions=self.versions)
+        return BackendCollector(target, module, budget, self.config.options_for(target, probe), self.client,
+                                versions=self.versions)
+
+    def answer(self, query: str, timeout_header: str | None, waited: float = 0.0) -> tuple[int, str, bytes]:
+        asked = self.asked(query)
+        if isinstance(asked[0], int):
+            return asked
+        target, module, probe = asked
+        collector = self.collector(target, module, probe, timeout_header, waited)
         started = time.monotonic()
         body = render(collector.collect())
         _log_probe(target, module, collector.last_observation, time.monotonic() - started)
@@ -139,16 +156,58 @@ class Prober:
         waited = time.monotonic() - request.received
         code, content_type, body = self.answer(
             request.query, request.headers.get("x-prometheus-scrape-timeout-seconds"), waited)
-        PROBES.labels(_module_label(request.query), str(code)).inc()
+        return self._counted(request, module_label(request.query), code, content_type, body)
+
+    def _counted(self, request: Request, module: str, code: int, content_type: str, body: bytes) -> Response:
+        PROBES.labels(module, str(code)).inc()
         PROBE_SECONDS.observe(time.monotonic() - request.received)
         return Response(code, content_type, body)
+
+    def on_loop(self, request: Request, reply) -> None:
+        """A busy backend's probe without a thread: its /metrics read on the server's loop
+        (``hangwatch.loopfetch``), parsed and rendered there. Anything that would block — the
+        idle probe, the engine's version not yet known, a host name to resolve, TLS, another
+        module — is handed to a worker, which does what ``route`` does from where this stopped."""
+        asked = self.asked(request.query)
+        if isinstance(asked[0], int):
+            reply(self._counted(request, module_label(request.query), *asked))
+            return
+        target, module, probe = asked
+        url = target.rstrip("/") + "/metrics"
+        if module != "backend" or not LoopClient.can_get(url):
+            reply(lambda: self.route(request))
+            return
+        loop = asyncio.get_running_loop()
+        if self.loop_client is None or self.loop_client.loop is not loop:
+            self.loop_client = LoopClient(loop, max_idle=IDLE_CONNECTIONS)
+        collector = self.collector(target, module, probe, request.headers.get("x-prometheus-scrape-timeout-seconds"),
+                                   time.monotonic() - request.received)
+        started = taken_at = time.monotonic()
+        deadline = Deadline.after(collector.budget)
+
+        def read(fetched) -> None:
+            observation = metrics_observation(taken_at, fetched, collector.options)
+            if probe_due(observation, collector.options) or collector.version_asks(observation, deadline):
+                reply(lambda: self._finish(request, collector, observation, started, deadline))
+            else:
+                reply(self._finish(request, collector, observation, started, deadline))
+        self.loop_client.get(url, deadline, read, headers=collector.options.auth_headers())
+
+    def _finish(self, request: Request, collector: BackendCollector, observation, started: float,
+                deadline: Deadline) -> Response:
+        """The rest of ``observe_backend`` after its /metrics read, then the series (``answer``'s)."""
+        observation = observe_load(self.client, collector.target, deadline, collector.options,
+                                   read=lambda *_: observation, probe=send_probe)
+        body = render(collector.families(observation, started, deadline))
+        _log_probe(collector.target, collector.module, collector.last_observation, time.monotonic() - started)
+        return self._counted(request, collector.module, 200, CONTENT_TYPE_LATEST, body)
 
     def start_within(self, request: Request) -> float:
         """A probe may wait for a worker up to half its budget; the rest is the reading's."""
         return scrape_budget(request.headers.get("x-prometheus-scrape-timeout-seconds"), self.config) / 2
 
     def overloaded(self, request: Request) -> Response:
-        PROBES.labels(_module_label(request.query), "503").inc()
+        PROBES.labels(module_label(request.query), "503").inc()
         return Response(503, TEXT, b"overloaded: every probe worker is busy (max_concurrent_probes); "
                                    b"not a verdict on the target\n")
 
@@ -171,7 +230,7 @@ def _log_probe(target: str, module: str, observation, seconds: float) -> None:
               f" error={observation.error!r}" if observation and observation.error else "")
 
 
-def _module_label(query: str) -> str:
+def module_label(query: str) -> str:
     module = (parse_qs(query).get("module") or ["backend"])[0] or "backend"
     return module if module in OBSERVERS else "invalid"
 
@@ -200,7 +259,8 @@ def health_route(endpoint: str, config: ExporterConfig, checks) -> Route:
 def routes(config: ExporterConfig, prober: Prober) -> dict[str, Route]:
     checks = shared_checks(config)  # /livez and /readyz share one bounded check per target
     return {
-        "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded),
+        "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded,
+                        on_loop=prober.on_loop),
         "/livez": health_route("livez", config, checks),
         "/readyz": health_route("readyz", config, checks),
         "/metrics": Route(own_metrics, inline=True),
@@ -264,7 +324,8 @@ def check_exposure(listen: str, config: ExporterConfig) -> None:
 
 def raise_fd_limit(config: ExporterConfig) -> None:
     """Room for every allowed connection, idle backend connection and probe (the soft limit is often 1024)."""
-    needed = config.max_connections + IDLE_CONNECTIONS + 2 * config.max_concurrent_probes + 64
+    # A probe read on the loop holds one more socket; idle ones are kept by two pools (loop, threads).
+    needed = config.max_connections + 2 * IDLE_CONNECTIONS + 3 * config.max_concurrent_probes + 64
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         new = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
