@@ -372,7 +372,8 @@ class _Connection(asyncio.Protocol):
         self._disarm()
         self.busy, self.reading_head = True, False
         self.server.evictable.pop(self, None)
-        self.transport.pause_reading()
+        # Reading goes on while the answer is worked on (data_received keeps what a client sends
+        # meanwhile, up to MAX_HEAD_BYTES): pausing and resuming cost two epoll_ctl per request.
         self.keep_alive = keep_alive
         request = Request(method, path, query, headers, time.monotonic(), self.client)
         answer = self.server.answer_inline(request)
