@@ -52,7 +52,7 @@ from hangwatch.observe import metrics_observation, observe_load, probe_due
 from hangwatch.probe import send_probe
 from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
 
-from .collector import BackendCollector, render
+from .collector import BackendCollector, render_series
 from .config import ExporterConfig, load_exporter_config
 from .health import answer_health, shared_checks
 from .reuse import VersionCache
@@ -60,6 +60,8 @@ from .reuse import VersionCache
 # Idle keep-alive connections kept to the backends (LRU): the same backends are read every
 # scrape interval, and a new TCP connection per scrape is wasted work on both sides.
 IDLE_CONNECTIONS = 256
+QUERIES = 20000  # parsed /probe queries kept (one per target and module; ~300 bytes each)
+MAX_KEPT_QUERY = 512
 
 log = logging.getLogger("hangwatch.exporter")
 
@@ -115,9 +117,25 @@ class Prober:
         self.client = Client(max_idle=IDLE_CONNECTIONS)
         self.loop_client: LoopClient | None = None  # made on the server's loop, on its first probe
         self.versions = VersionCache()
+        self.queries: dict[str, tuple] = {}   # asked(): /probe query -> its parsed, checked meaning
 
     def asked(self, query: str) -> tuple[int, str, bytes] | tuple[str, str, str | None]:
-        """(target, module, probe kind) from a /probe query, or the 400/403 answer to it."""
+        """(target, module, probe kind) from a /probe query, or the 400/403 answer to it.
+
+        Prometheus sends each target the same query every scrape, and the answer depends on
+        nothing else (the config is fixed), so it is kept: at most ``QUERIES`` good ones of at
+        most ``MAX_KEPT_QUERY`` characters."""
+        known = self.queries.get(query)
+        if known is None:
+            known = self._asked(query)
+            if isinstance(known[0], int) or len(query) > MAX_KEPT_QUERY:
+                return known  # only good, short queries are kept: a client cannot fill memory
+            if len(self.queries) >= QUERIES:
+                self.queries.pop(next(iter(self.queries)))  # the oldest (dicts keep insertion order)
+            self.queries[query] = known
+        return known
+
+    def _asked(self, query: str) -> tuple[int, str, bytes] | tuple[str, str, str | None]:
         params = parse_qs(query, keep_blank_values=True)
         targets, modules = params.get("target", []), params.get("module", ["backend"])
         probes = params.get("probe", [""])
@@ -148,7 +166,9 @@ class Prober:
         target, module, probe = asked
         collector = self.collector(target, module, probe, timeout_header, waited)
         started = time.monotonic()
-        body = render(collector.collect())
+        deadline = Deadline.after(collector.budget)
+        observation = OBSERVERS[module].observe(self.client, target, deadline, collector.options)
+        body = render_series(collector.series(observation, started, deadline))
         _log_probe(target, module, collector.last_observation, time.monotonic() - started)
         return 200, CONTENT_TYPE_LATEST, body
 
@@ -174,7 +194,7 @@ class Prober:
             return
         target, module, probe = asked
         url = target.rstrip("/") + "/metrics"
-        if module != "backend" or not LoopClient.can_get(url):
+        if module != "backend" or not LoopClient.can_get(url):  # (can_get's answer is kept per URL)
             reply(lambda: self.route(request))
             return
         loop = asyncio.get_running_loop()
@@ -198,7 +218,7 @@ class Prober:
         """The rest of ``observe_backend`` after its /metrics read, then the series (``answer``'s)."""
         observation = observe_load(self.client, collector.target, deadline, collector.options,
                                    read=lambda *_: observation, probe=send_probe)
-        body = render(collector.families(observation, started, deadline))
+        body = render_series(collector.series(observation, started, deadline))
         _log_probe(collector.target, collector.module, collector.last_observation, time.monotonic() - started)
         return self._counted(request, collector.module, 200, CONTENT_TYPE_LATEST, body)
 

@@ -22,6 +22,7 @@ handshake, so those targets are read by ``fetch.Client`` on a worker thread, as 
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import os
 import re
@@ -46,7 +47,17 @@ _HEADER = re.compile(r"[\041-\071\073-\176]*:")  # email.feedparser's header lin
 
 
 def _ip_origin(url: str) -> tuple[str, int, int, str, str] | None:
-    """(host, port, family, path, Host header) for ``http://IP[:port]/path``, else None."""
+    """(host, port, family, path, Host header) for ``http://IP[:port]/path``, else None.
+    Kept per URL (at most 20,000 of at most 512 characters): the same URLs come every scrape."""
+    return _kept_origin(url) if len(url) <= 512 else _origin(url)
+
+
+@functools.lru_cache(maxsize=20000)
+def _kept_origin(url: str):
+    return _origin(url)
+
+
+def _origin(url: str):
     try:
         parts = urlsplit(url)
         port = parts.port or 80
