@@ -241,6 +241,15 @@ def _label_value(value: str) -> str:
 _HEADERS: dict[tuple[str, str, str], str] = {}  # (name, kind, doc) -> its HELP and TYPE lines
 
 
+def _go_float(value: float) -> str:
+    """``floatToGoString(value)``: Python's repr, except inf/nan and a dot past position 6
+    (Go's exponent form), which are rare and left to prometheus_client."""
+    text = repr(float(value))
+    if "n" in text or text.find(".") > 6:
+        return floatToGoString(value)
+    return text
+
+
 def render_series(all_series) -> bytes:
     """The text exposition format of ``Series``: byte for byte ``render(as_families(...))``
     (tests/test_exporter_render.py), without building prometheus_client objects per probe."""
@@ -253,7 +262,7 @@ def render_series(all_series) -> bytes:
             header = _HEADERS[(name, kind, doc)] = f"# HELP {exposed} {escaped}\n# TYPE {exposed} {kind}\n"
         out.append(header)
         for values, value in samples:
-            text = floatToGoString(value)
+            text = _go_float(value)
             if labels:
                 pairs = ",".join(f'{key}="{_label_value(label)}"' for key, label in sorted(zip(labels, values)))
                 out.append(f"{exposed}{{{pairs}}} {text}\n")

@@ -71,3 +71,12 @@ def test_series_render_straight_to_the_same_bytes(name):
     series = list(series_for(observation, module, 0.004567))
     assert render_series(series) == render(as_families(series)) == reference(families_for(observation, module, 0.004567))
     assert render_series(series) == render_series(series)  # the kept HELP/TYPE lines change nothing
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 1.0, 4, 0.031, 1e-7, 1e21, 1.7644e9, 123456.0, 1234567.0, 12345678.5,
+                                   -1234567.0, float("inf"), float("-inf"), float("nan"), 5123.0, 2 ** 53 + 1.0])
+def test_numbers_are_written_as_prometheus_client_writes_them(value):
+    from prometheus_client.utils import floatToGoString
+
+    from hangwatch.exporter.collector import _go_float
+    assert _go_float(value) == floatToGoString(value)
