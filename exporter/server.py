@@ -11,9 +11,11 @@ never credentials, a query or a fragment), and listening beyond loopback needs
 
 It serves thousands of backends from one process (bench/bench_exporter_scale.py): the
 server is ``hangwatch.httpserver.BoundedHTTPServer`` (one event loop for every connection,
-probes on at most ``max_concurrent_probes`` threads), a probe reuses an idle keep-alive
-connection (``hangwatch.fetch.Client``), an engine's version is asked once per process
-(``reuse.VersionCache``), and the text format is rendered directly (``collector.render``).
+at most ``max_concurrent_probes`` probes at once); a busy backend's probe is read, parsed and
+rendered on that loop (``Prober.on_loop``, ``hangwatch.loopfetch``: no thread hand-off), the
+rest on worker threads; a probe reuses an idle keep-alive connection, an engine's version is
+asked once per process (``reuse.VersionCache``), and the text format is rendered directly
+(``collector.render_series``).
 
 A probe that cannot start within half its scrape budget — every worker busy — is answered
 503 at that moment, not 200 with ``hangwatch_up 0``: the backend was never asked, and
@@ -22,7 +24,8 @@ is a failed scrape: Prometheus marks the target's series stale and the rules see
 which is no verdict, while ``hangwatch_exporter_probes_total{code="503"}`` tells people.
 
 To add a route, add a row to ``routes()``: a handler ``Request -> Response``, ``inline``
-when it never blocks, else it runs on a probe worker under the same limit.
+when it never blocks, else it runs on a probe worker under the same limit (or starts on the
+loop: ``on_loop``, as ``/probe`` does).
 """
 from __future__ import annotations
 
