@@ -121,6 +121,7 @@ class Prober:
         self.loop_client: LoopClient | None = None  # made on the server's loop, on its first probe
         self.versions = VersionCache()
         self.queries: dict[str, tuple] = {}   # asked(): /probe query -> its parsed, checked meaning
+        self._queries_lock = threading.Lock()
 
     def asked(self, query: str) -> tuple[int, str, bytes] | tuple[str, str, str | None]:
         """(target, module, probe kind) from a /probe query, or the 400/403 answer to it.
@@ -133,9 +134,10 @@ class Prober:
             known = self._asked(query)
             if isinstance(known[0], int) or len(query) > MAX_KEPT_QUERY:
                 return known  # only good, short queries are kept: a client cannot fill memory
-            if len(self.queries) >= QUERIES:
-                self.queries.pop(next(iter(self.queries)))  # the oldest (dicts keep insertion order)
-            self.queries[query] = known
+            with self._queries_lock:  # workers ask too (the paths that are not read on the loop)
+                while len(self.queries) >= QUERIES:
+                    self.queries.pop(next(iter(self.queries)))  # the oldest (dicts keep insertion order)
+                self.queries[query] = known
         return known
 
     def _asked(self, query: str) -> tuple[int, str, bytes] | tuple[str, str, str | None]:
@@ -209,11 +211,15 @@ class Prober:
         deadline = Deadline.after(collector.budget)
 
         def read(fetched) -> None:
-            observation = metrics_observation(taken_at, fetched, collector.options)
-            if probe_due(observation, collector.options) or collector.version_asks(observation, deadline):
-                reply(lambda: self._finish(request, collector, observation, started, deadline))
-            else:
-                reply(self._finish(request, collector, observation, started, deadline))
+            try:
+                observation = metrics_observation(taken_at, fetched, collector.options)
+                if probe_due(observation, collector.options) or collector.version_asks(observation, deadline):
+                    reply(lambda: self._finish(request, collector, observation, started, deadline))
+                else:
+                    reply(self._finish(request, collector, observation, started, deadline))
+            except Exception:  # as BoundedHTTPServer.call: a bug is a logged 500, never an unanswered scrape
+                log.exception("/probe of %s failed", target)
+                reply(Response(500, TEXT, b"internal error (logged)\n"))
         self.loop_client.get(url, deadline, read, headers=collector.options.auth_headers())
 
     def _finish(self, request: Request, collector: BackendCollector, observation, started: float,

@@ -556,6 +556,8 @@ class _Get:
         try:
             callback()
         except Exception as exc:  # pragma: no cover - a bug, not a backend's doing
+            if self.finished:
+                raise  # raised by ``done`` itself: the reading has ended; the loop logs it
             self._fail(BROKEN if self.state == self.BODY else UNREACHABLE, f"internal error: {_short(exc)}",
                        self.status if self.state == self.BODY else None)
 

@@ -256,3 +256,29 @@ def test_only_plain_http_to_an_address_is_read_on_the_loop():
     assert not LoopClient.can_get("https://127.0.0.1:8000/metrics")  # needs a handshake
     assert not LoopClient.can_get("http://user:pw@127.0.0.1:8000/metrics")
     assert not LoopClient.can_get("http://127.0.0.1:99999/metrics")
+
+
+def test_an_error_in_the_probe_after_the_read_is_a_500_not_a_hung_scrape(monkeypatch):
+    """Whatever goes wrong after the backend was read, the scrape gets an answer and its slot back."""
+    import requests
+
+    from hangwatch.exporter import server as exporter_server
+    from hangwatch.exporter.config import ExporterConfig
+
+    backend = PageServer()
+    backend.pages["/metrics"] = Page(IDLE_PAGE)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(exporter_server, "metrics_observation", broken)
+    server = exporter_server.make_server("127.0.0.1:0", ExporterConfig(max_concurrent_probes=1))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/probe?target={backend.url}"
+        for _ in range(2):  # the one slot came back: the second is answered too
+            assert requests.get(url, timeout=5).status_code == 500
+    finally:
+        server.shutdown()
+        server.server_close()
+        backend.stop()
