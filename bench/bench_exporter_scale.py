@@ -62,7 +62,7 @@ class Watch:
 
 
 def summary(shape: str, n: int, result: Result, cpu: float | None, seconds: float | None,
-            watch: Watch, pid: int) -> dict:
+            watch: Watch, pid: int, system: float | None = None) -> dict:
     now = sample(pid)
     row = {
         "shape": shape, "backends": n, "scrapes": result.started, "failed": result.failed,
@@ -76,6 +76,8 @@ def summary(shape: str, n: int, result: Result, cpu: float | None, seconds: floa
         row["cpu_ms_per_scrape"] = cpu / max(1, result.started) * 1000
         row["core_percent"] = cpu / seconds * 100
         row["seconds"] = seconds
+        if system is not None:
+            row["system_share"] = system / cpu if cpu else float("nan")  # kernel part of that CPU
     return row
 
 
@@ -85,28 +87,28 @@ async def run_spread(exporter: Exporter, urls: list[str], interval: float, round
     watcher = asyncio.create_task(watch.run())
     marks = []
     result = await spread(scraper, probe_paths(urls), interval, rounds,
-                          on_window=lambda: marks.append((time.monotonic(), sample(exporter.pid).cpu)))
+                          on_window=lambda: marks.append((time.monotonic(), sample(exporter.pid))))
     watcher.cancel()
     scraper.close()
-    (t0, c0), (t1, c1) = marks
-    return summary("spread", len(urls), result, c1 - c0, t1 - t0, watch, exporter.pid)
+    (t0, s0), (t1, s1) = marks
+    return summary("spread", len(urls), result, s1.cpu - s0.cpu, t1 - t0, watch, exporter.pid, s1.system - s0.system)
 
 
 async def run_burst(exporter: Exporter, urls: list[str]) -> dict:
     scraper = Scraper("127.0.0.1", exporter.port, TIMEOUT)
     watch = Watch(exporter.pid)
     watcher = asyncio.create_task(watch.run())
-    c0, t0 = sample(exporter.pid).cpu, time.monotonic()
+    s0, t0 = sample(exporter.pid), time.monotonic()
     result = await burst(scraper, probe_paths(urls))
-    c1, t1 = sample(exporter.pid).cpu, time.monotonic()
+    s1, t1 = sample(exporter.pid), time.monotonic()
     watcher.cancel()
     scraper.close()
-    return summary("burst", len(urls), result, c1 - c0, t1 - t0, watch, exporter.pid)
+    return summary("burst", len(urls), result, s1.cpu - s0.cpu, t1 - t0, watch, exporter.pid, s1.system - s0.system)
 
 
 def show(row: dict) -> str:
-    cpu = (f"{row['cpu_ms_per_scrape']:6.2f} ms {row['core_percent']:5.1f}%"
-           if "cpu_ms_per_scrape" in row else f"{'':17}")
+    cpu = (f"{row['cpu_ms_per_scrape']:6.2f} ms {row['core_percent']:5.1f}% {row.get('system_share', 0) * 100:3.0f}%"
+           if "cpu_ms_per_scrape" in row else f"{'':22}")
     failures = ", ".join(f"{k}: {v}" for k, v in row["failures"].items())
     return (f"{row['shape']:6} {row['backends']:6d} {row['scrapes']:7d} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
             f"{row['max_ms']:8.1f} {row['failed']:6d}  {cpu} {row['rss_mb']:6.1f} {row['max_rss_mb']:6.1f} "
@@ -114,7 +116,7 @@ def show(row: dict) -> str:
 
 
 HEADER = (f"{'shape':6} {'backs':>6} {'scrapes':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'failed':>6}  "
-          f"{'CPU/scrape':>9} {'core':>6} {'RSS':>6} {'maxRSS':>6} {'thrds':>5} {'fds':>5}  [load 1/5/15 min]")
+          f"{'CPU/scrape':>9} {'core':>6} {'sys':>4} {'RSS':>6} {'maxRSS':>6} {'thrds':>5} {'fds':>5}  [load 1/5/15 min]")
 
 
 def parse_seconds(text: str) -> float:

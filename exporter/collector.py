@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from hangwatch.engines import ENGINES_BY_NAME
 from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import module as module_named
 from hangwatch.observation import TIMEOUT, Observation, Options
@@ -53,12 +55,45 @@ _COUNTERS = (
 )
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, value=value)
+class Series(NamedTuple):
+    """One family as plain data: what ``families_for`` wraps for prometheus_client and what
+    ``render_series`` writes directly (no library objects built per probe)."""
+
+    name: str
+    doc: str
+    kind: str                                  # gauge | counter
+    labels: tuple[str, ...]
+    samples: tuple[tuple[tuple[str, ...], float], ...]  # (label values, value)
+
+
+def _gauge(name: str, doc: str, value: float) -> Series:
+    return Series(name, doc, "gauge", (), (((), value),))
+
+
+def _counter(name: str, doc: str, value: float) -> Series:
+    return Series(name, doc, "counter", (), (((), value),))
 
 
 def families_for(observation: Observation, module: str, duration: float):
-    """The normalized series for one observation (a pure function, tested directly)."""
+    """The normalized series for one observation as prometheus_client families (a pure
+    function, tested directly; the rules' tests build their input series from it)."""
+    return as_families(series_for(observation, module, duration))
+
+
+def as_families(all_series):
+    for series in all_series:
+        kind = GaugeMetricFamily if series.kind == "gauge" else CounterMetricFamily
+        if not series.labels:
+            yield kind(series.name, series.doc, value=series.samples[0][1])
+            continue
+        family = kind(series.name, series.doc, labels=list(series.labels))
+        for values, value in series.samples:
+            family.add_metric(list(values), value)
+        yield family
+
+
+def series_for(observation: Observation, module: str, duration: float):
+    """The normalized series for one observation: the one definition of what /probe exposes."""
     yield _gauge("hangwatch_up", "1 if the backend answered HTTP within the budget.",
                  1.0 if observation.answered else 0.0)
     yield _gauge("hangwatch_connection_stalled",
@@ -82,15 +117,15 @@ def families_for(observation: Observation, module: str, duration: float):
                          "budget).", reading.deferred)
         for field, name, doc in _COUNTERS:
             if getattr(reading, field) is not None:
-                yield CounterMetricFamily(name, doc, value=getattr(reading, field))
+                yield _counter(name, doc, getattr(reading, field))
         if reading.prompt_tokens is not None or reading.generation_tokens is not None:
-            tokens = CounterMetricFamily("hangwatch_engine_tokens", "Tokens processed by the engine.",
-                                         labels=["kind"])
+            tokens = []
             if reading.prompt_tokens is not None:
-                tokens.add_metric(["prompt"], reading.prompt_tokens)
+                tokens.append((("prompt",), reading.prompt_tokens))
             if reading.generation_tokens is not None:
-                tokens.add_metric(["generation"], reading.generation_tokens)
-            yield tokens
+                tokens.append((("generation",), reading.generation_tokens))
+            yield Series("hangwatch_engine_tokens", "Tokens processed by the engine.", "counter", ("kind",),
+                         tuple(tokens))
         if reading.kv_cache_usage is not None:
             yield _gauge("hangwatch_kv_cache_usage_ratio", "KV-cache usage, 0 to 1.", reading.kv_cache_usage)
         if reading.process_start is not None:
@@ -112,39 +147,32 @@ def families_for(observation: Observation, module: str, duration: float):
         yield _gauge("hangwatch_probe_success", "1 if the idle 1-token probe answered (sent only at idle).",
                      1.0 if observation.probe.success else 0.0)
         yield _gauge("hangwatch_probe_duration_seconds", "How long the idle probe took.", observation.probe.duration)
-    yield from _model_families(observation)
+    yield from _model_series(observation)
     yield _gauge("hangwatch_scrape_duration_seconds", "How long reading this backend took.", duration)
-    info = GaugeMetricFamily("hangwatch_backend_info", "What was found at the target.",
-                             labels=["engine", "module", "models", "version"])
-    info.add_metric([reading.engine if reading else "", module, ",".join(bounded_models(reading.models)) if reading else "",
-                     (reading.version or "") if reading else ""], 1.0)
-    yield info
+    yield Series("hangwatch_backend_info", "What was found at the target.", "gauge",
+                 ("engine", "module", "models", "version"),
+                 (((reading.engine if reading else "", module,
+                    ",".join(bounded_models(reading.models)) if reading else "",
+                    (reading.version or "") if reading else ""), 1.0),))
 
 
-def _model_families(observation: Observation):
+def _model_series(observation: Observation):
     """Which models a backend serves, and which a fleet's front lists as registered (one series each).
 
     A FastChat controller lists model names only, so "a member dropped while it still serves"
     is a join on ``model`` between the two (rules/hangwatch-fleet.yml).
     """
     if observation.reading is not None and observation.reading.models:
-        served = GaugeMetricFamily("hangwatch_model_served", "1 for each model the backend serves.",
-                                   labels=["model"])
-        for model in bounded_models(observation.reading.models):
-            served.add_metric([model], 1.0)
-        yield served
+        yield Series("hangwatch_model_served", "1 for each model the backend serves.", "gauge", ("model",),
+                     tuple(((model,), 1.0) for model in bounded_models(observation.reading.models)))
     if observation.answered and observation.listed_models is not None:
-        registered = GaugeMetricFamily("hangwatch_fleet_models_registered",
-                                       "Models a fleet's controller lists as registered (a FastChat front).")
-        registered.add_metric([], float(len(observation.listed_models)))
-        yield registered
+        yield _gauge("hangwatch_fleet_models_registered",
+                     "Models a fleet's controller lists as registered (a FastChat front).",
+                     float(len(observation.listed_models)))
         if observation.listed_models:
-            listed = GaugeMetricFamily("hangwatch_fleet_model_registered",
-                                       "1 for each model a fleet's controller lists as registered.",
-                                       labels=["model"])
-            for model in bounded_models(observation.listed_models):
-                listed.add_metric([model], 1.0)
-            yield listed
+            yield Series("hangwatch_fleet_model_registered",
+                         "1 for each model a fleet's controller lists as registered.", "gauge", ("model",),
+                         tuple(((model,), 1.0) for model in bounded_models(observation.listed_models)))
 
 
 class BackendCollector:
@@ -167,6 +195,15 @@ class BackendCollector:
         started = time.monotonic()
         deadline = Deadline.after(self.budget)
         observation = module_named(self.module).observe(self.client, self.target, deadline, self.options)
+        yield from self.families(observation, started, deadline)
+
+    def families(self, observation: Observation, started: float, deadline: Deadline):
+        """``series`` as prometheus_client families."""
+        return as_families(self.series(observation, started, deadline))
+
+    def series(self, observation: Observation, started: float, deadline: Deadline):
+        """The series for an observation taken since ``started``, with the engine's version
+        (asked within ``deadline`` unless ``versions`` knows it)."""
         reading = observation.reading
         if reading is not None:
             version = self.versions and self.versions.get(self.target, reading.engine, reading.process_start)
@@ -177,7 +214,16 @@ class BackendCollector:
                     self.versions.put(self.target, reading.engine, reading.process_start, version)
             observation = replace(observation, reading=replace(reading, version=version))
         self.last_observation = observation
-        yield from families_for(observation, self.module, time.monotonic() - started)
+        return series_for(observation, self.module, time.monotonic() - started)
+
+    def version_asks(self, observation: Observation, deadline: Deadline) -> bool:
+        """True when ``families`` would send a request (the version is not known yet)."""
+        reading = observation.reading
+        if reading is None or (self.versions and self.versions.get(self.target, reading.engine,
+                                                                   reading.process_start)):
+            return False
+        spec = ENGINES_BY_NAME.get(reading.engine)
+        return spec is not None and spec.version_path is not None and deadline.left() >= 0.05
 
 
 class _Fixed:
@@ -190,6 +236,39 @@ class _Fixed:
 
 def _label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+_HEADERS: dict[tuple[str, str, str], str] = {}  # (name, kind, doc) -> its HELP and TYPE lines
+
+
+def _go_float(value: float) -> str:
+    """``floatToGoString(value)``: Python's repr, except inf/nan and a dot past position 6
+    (Go's exponent form), which are rare and left to prometheus_client."""
+    text = repr(float(value))
+    if "n" in text or text.find(".") > 6:
+        return floatToGoString(value)
+    return text
+
+
+def render_series(all_series) -> bytes:
+    """The text exposition format of ``Series``: byte for byte ``render(as_families(...))``
+    (tests/test_exporter_render.py), without building prometheus_client objects per probe."""
+    out = []
+    for name, doc, kind, labels, samples in all_series:
+        header = _HEADERS.get((name, kind, doc))
+        exposed = name + "_total" if kind == "counter" else name
+        if header is None:
+            escaped = doc.replace("\\", "\\\\").replace("\n", "\\n")
+            header = _HEADERS[(name, kind, doc)] = f"# HELP {exposed} {escaped}\n# TYPE {exposed} {kind}\n"
+        out.append(header)
+        for values, value in samples:
+            text = _go_float(value)
+            if labels:
+                pairs = ",".join(f'{key}="{_label_value(label)}"' for key, label in sorted(zip(labels, values)))
+                out.append(f"{exposed}{{{pairs}}} {text}\n")
+            else:
+                out.append(f"{exposed} {text}\n")
+    return "".join(out).encode("utf-8")
 
 
 def render(families) -> bytes:

@@ -11,9 +11,11 @@ never credentials, a query or a fragment), and listening beyond loopback needs
 
 It serves thousands of backends from one process (bench/bench_exporter_scale.py): the
 server is ``hangwatch.httpserver.BoundedHTTPServer`` (one event loop for every connection,
-probes on at most ``max_concurrent_probes`` threads), a probe reuses an idle keep-alive
-connection (``hangwatch.fetch.Client``), an engine's version is asked once per process
-(``reuse.VersionCache``), and the text format is rendered directly (``collector.render``).
+at most ``max_concurrent_probes`` probes at once); a busy backend's probe is read, parsed and
+rendered on that loop (``Prober.on_loop``, ``hangwatch.loopfetch``: no thread hand-off), the
+rest on worker threads; a probe reuses an idle keep-alive connection, an engine's version is
+asked once per process (``reuse.VersionCache``), and the text format is rendered directly
+(``collector.render_series``).
 
 A probe that cannot start within half its scrape budget — every worker busy — is answered
 503 at that moment, not 200 with ``hangwatch_up 0``: the backend was never asked, and
@@ -22,10 +24,12 @@ is a failed scrape: Prometheus marks the target's series stale and the rules see
 which is no verdict, while ``hangwatch_exporter_probes_total{code="503"}`` tells people.
 
 To add a route, add a row to ``routes()``: a handler ``Request -> Response``, ``inline``
-when it never blocks, else it runs on a probe worker under the same limit.
+when it never blocks, else it runs on a probe worker under the same limit (or starts on the
+loop: ``on_loop``, as ``/probe`` does).
 """
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
@@ -42,13 +46,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hangwatch import __version__, logs
-from hangwatch.fetch import Client
+from hangwatch.fetch import Client, Deadline
 from hangwatch.httpserver import BoundedHTTPServer, Request, Response, Route
+from hangwatch.loopfetch import LoopClient
 from hangwatch.modules import MODULES as OBSERVERS
 from hangwatch.observation import PROBE_KINDS
+from hangwatch.observe import metrics_observation, observe_load, probe_due
+from hangwatch.probe import send_probe
 from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
 
-from .collector import BackendCollector, render
+from .collector import BackendCollector, render_series
 from .config import ExporterConfig, load_exporter_config
 from .health import answer_health, shared_checks
 from .reuse import VersionCache
@@ -56,6 +63,8 @@ from .reuse import VersionCache
 # Idle keep-alive connections kept to the backends (LRU): the same backends are read every
 # scrape interval, and a new TCP connection per scrape is wasted work on both sides.
 IDLE_CONNECTIONS = 256
+QUERIES = 20000  # parsed /probe queries kept (one per target and module; ~300 bytes each)
+MAX_KEPT_QUERY = 512
 
 log = logging.getLogger("hangwatch.exporter")
 
@@ -109,9 +118,29 @@ class Prober:
     def __init__(self, config: ExporterConfig):
         self.config = config
         self.client = Client(max_idle=IDLE_CONNECTIONS)
+        self.loop_client: LoopClient | None = None  # made on the server's loop, on its first probe
         self.versions = VersionCache()
+        self.queries: dict[str, tuple] = {}   # asked(): /probe query -> its parsed, checked meaning
+        self._queries_lock = threading.Lock()
 
-    def answer(self, query: str, timeout_header: str | None, waited: float = 0.0) -> tuple[int, str, bytes]:
+    def asked(self, query: str) -> tuple[int, str, bytes] | tuple[str, str, str | None]:
+        """(target, module, probe kind) from a /probe query, or the 400/403 answer to it.
+
+        Prometheus sends each target the same query every scrape, and the answer depends on
+        nothing else (the config is fixed), so it is kept: at most ``QUERIES`` good ones of at
+        most ``MAX_KEPT_QUERY`` characters."""
+        known = self.queries.get(query)
+        if known is None:
+            known = self._asked(query)
+            if isinstance(known[0], int) or len(query) > MAX_KEPT_QUERY:
+                return known  # only good, short queries are kept: a client cannot fill memory
+            with self._queries_lock:  # workers ask too (the paths that are not read on the loop)
+                while len(self.queries) >= QUERIES:
+                    self.queries.pop(next(iter(self.queries)))  # the oldest (dicts keep insertion order)
+                self.queries[query] = known
+        return known
+
+    def _asked(self, query: str) -> tuple[int, str, bytes] | tuple[str, str, str | None]:
         params = parse_qs(query, keep_blank_values=True)
         targets, modules = params.get("target", []), params.get("module", ["backend"])
         probes = params.get("probe", [""])
@@ -126,12 +155,25 @@ class Prober:
         code, target = probe_target(targets[0], self.config)
         if code:
             return code, TEXT, f"{target}\n".encode()
+        return target, module, probe
+
+    def collector(self, target: str, module: str, probe: str | None, timeout_header: str | None,
+                  waited: float) -> BackendCollector:
         # The budget counts from the request's arrival: time spent waiting for a worker is spent.
         budget = max(0.1, scrape_budget(timeout_header, self.config) - waited)
-        collector = BackendCollector(target, module, budget, self.config.options_for(target, probe), self.client,
-                                     versions=self.versions)
+        return BackendCollector(target, module, budget, self.config.options_for(target, probe), self.client,
+                                versions=self.versions)
+
+    def answer(self, query: str, timeout_header: str | None, waited: float = 0.0) -> tuple[int, str, bytes]:
+        asked = self.asked(query)
+        if isinstance(asked[0], int):
+            return asked
+        target, module, probe = asked
+        collector = self.collector(target, module, probe, timeout_header, waited)
         started = time.monotonic()
-        body = render(collector.collect())
+        deadline = Deadline.after(collector.budget)
+        observation = OBSERVERS[module].observe(self.client, target, deadline, collector.options)
+        body = render_series(collector.series(observation, started, deadline))
         _log_probe(target, module, collector.last_observation, time.monotonic() - started)
         return 200, CONTENT_TYPE_LATEST, body
 
@@ -139,16 +181,62 @@ class Prober:
         waited = time.monotonic() - request.received
         code, content_type, body = self.answer(
             request.query, request.headers.get("x-prometheus-scrape-timeout-seconds"), waited)
-        PROBES.labels(_module_label(request.query), str(code)).inc()
+        return self._counted(request, module_label(request.query), code, content_type, body)
+
+    def _counted(self, request: Request, module: str, code: int, content_type: str, body: bytes) -> Response:
+        PROBES.labels(module, str(code)).inc()
         PROBE_SECONDS.observe(time.monotonic() - request.received)
         return Response(code, content_type, body)
+
+    def on_loop(self, request: Request, reply) -> None:
+        """A busy backend's probe without a thread: its /metrics read on the server's loop
+        (``hangwatch.loopfetch``), parsed and rendered there. Anything that would block — the
+        idle probe, the engine's version not yet known, a host name to resolve, TLS, another
+        module — is handed to a worker, which does what ``route`` does from where this stopped."""
+        asked = self.asked(request.query)
+        if isinstance(asked[0], int):
+            reply(self._counted(request, module_label(request.query), *asked))
+            return
+        target, module, probe = asked
+        url = target.rstrip("/") + "/metrics"
+        if module != "backend" or not LoopClient.can_get(url):  # (can_get's answer is kept per URL)
+            reply(lambda: self.route(request))
+            return
+        loop = asyncio.get_running_loop()
+        if self.loop_client is None or self.loop_client.loop is not loop:
+            self.loop_client = LoopClient(loop, max_idle=IDLE_CONNECTIONS)
+        collector = self.collector(target, module, probe, request.headers.get("x-prometheus-scrape-timeout-seconds"),
+                                   time.monotonic() - request.received)
+        started = taken_at = time.monotonic()
+        deadline = Deadline.after(collector.budget)
+
+        def read(fetched) -> None:
+            try:
+                observation = metrics_observation(taken_at, fetched, collector.options)
+                if probe_due(observation, collector.options) or collector.version_asks(observation, deadline):
+                    reply(lambda: self._finish(request, collector, observation, started, deadline))
+                else:
+                    reply(self._finish(request, collector, observation, started, deadline))
+            except Exception:  # as BoundedHTTPServer.call: a bug is a logged 500, never an unanswered scrape
+                log.exception("/probe of %s failed", target)
+                reply(Response(500, TEXT, b"internal error (logged)\n"))
+        self.loop_client.get(url, deadline, read, headers=collector.options.auth_headers())
+
+    def _finish(self, request: Request, collector: BackendCollector, observation, started: float,
+                deadline: Deadline) -> Response:
+        """The rest of ``observe_backend`` after its /metrics read, then the series (``answer``'s)."""
+        observation = observe_load(self.client, collector.target, deadline, collector.options,
+                                   read=lambda *_: observation, probe=send_probe)
+        body = render_series(collector.series(observation, started, deadline))
+        _log_probe(collector.target, collector.module, collector.last_observation, time.monotonic() - started)
+        return self._counted(request, collector.module, 200, CONTENT_TYPE_LATEST, body)
 
     def start_within(self, request: Request) -> float:
         """A probe may wait for a worker up to half its budget; the rest is the reading's."""
         return scrape_budget(request.headers.get("x-prometheus-scrape-timeout-seconds"), self.config) / 2
 
     def overloaded(self, request: Request) -> Response:
-        PROBES.labels(_module_label(request.query), "503").inc()
+        PROBES.labels(module_label(request.query), "503").inc()
         return Response(503, TEXT, b"overloaded: every probe worker is busy (max_concurrent_probes); "
                                    b"not a verdict on the target\n")
 
@@ -171,7 +259,7 @@ def _log_probe(target: str, module: str, observation, seconds: float) -> None:
               f" error={observation.error!r}" if observation and observation.error else "")
 
 
-def _module_label(query: str) -> str:
+def module_label(query: str) -> str:
     module = (parse_qs(query).get("module") or ["backend"])[0] or "backend"
     return module if module in OBSERVERS else "invalid"
 
@@ -200,7 +288,8 @@ def health_route(endpoint: str, config: ExporterConfig, checks) -> Route:
 def routes(config: ExporterConfig, prober: Prober) -> dict[str, Route]:
     checks = shared_checks(config)  # /livez and /readyz share one bounded check per target
     return {
-        "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded),
+        "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded,
+                        on_loop=prober.on_loop),
         "/livez": health_route("livez", config, checks),
         "/readyz": health_route("readyz", config, checks),
         "/metrics": Route(own_metrics, inline=True),
@@ -264,7 +353,8 @@ def check_exposure(listen: str, config: ExporterConfig) -> None:
 
 def raise_fd_limit(config: ExporterConfig) -> None:
     """Room for every allowed connection, idle backend connection and probe (the soft limit is often 1024)."""
-    needed = config.max_connections + IDLE_CONNECTIONS + 2 * config.max_concurrent_probes + 64
+    # A probe read on the loop holds one more socket; idle ones are kept by two pools (loop, threads).
+    needed = config.max_connections + 2 * IDLE_CONNECTIONS + 3 * config.max_concurrent_probes + 64
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         new = needed if hard == resource.RLIM_INFINITY else min(needed, hard)

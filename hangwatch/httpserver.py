@@ -12,11 +12,13 @@ scrapes a thousand targets at once. Here instead:
   ``IDLE_TIMEOUT``;
 - at most ``max_connections`` are open: a new one first evicts the oldest connection that is
   not being answered (idle, or still sending its head), else it is refused;
-- routes that block (they read a backend) run on at most ``workers`` threads; a request that
-  cannot start within the time its route allows is answered 503 at that moment (the route
-  says how long: a scrape's answer is useless after Prometheus' timeout). Cheap routes
-  (``inline``) are answered on the loop itself, so they answer even when every worker waits
-  on a stalled backend.
+- at most ``workers`` requests that do work (they read a backend) are worked on at once; a
+  request that cannot start within the time its route allows is answered 503 at that moment
+  (the route says how long: a scrape's answer is useless after Prometheus' timeout). Such a
+  route runs on a worker thread, or — ``on_loop`` — starts on the loop itself and either
+  answers there (non-blocking I/O: no thread hand-off, which costs more CPU than a busy
+  backend's reading) or hands the rest to a worker. Cheap routes (``inline``) are answered on
+  the loop at once, so they answer even when every worker waits on a stalled backend.
 - HTTP/1.1 keep-alive, so a scraper reuses its connections; GET only, no request bodies.
 
 The server knows nothing about the exporter: it maps paths to ``Route`` objects, and a route
@@ -25,6 +27,7 @@ maps a ``Request`` to a ``Response``. It imports nothing outside the standard li
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import socket
 import sys
@@ -67,14 +70,18 @@ class Response:
 @dataclass(frozen=True)
 class Route:
     """``handler(request) -> Response``. ``inline``: cheap and never blocks (answered on the
-    loop). Otherwise it runs on a worker thread, and must start within ``start_within(request)``
-    seconds of arriving or be answered ``overloaded(request)`` instead."""
+    loop). Otherwise it is work: it must start within ``start_within(request)`` seconds of
+    arriving or be answered ``overloaded(request)`` instead, and runs on a worker thread — or,
+    with ``on_loop(request, reply)``, starts on the loop: it must never block there, and calls
+    ``reply`` once (on the loop) with a ``Response``, or with a callable ``() -> Response`` that
+    is run on a worker. The work holds its slot until it is answered."""
 
     handler: Callable[[Request], Response]
     inline: bool = False
     start_within: Callable[[Request], float] = lambda request: 5.0
     overloaded: Callable[[Request], Response] = lambda request: Response(
         503, "text/plain; charset=utf-8", b"overloaded: no worker free in time\n")
+    on_loop: Callable[[Request, Callable[[object], None]], None] | None = None
 
 
 @dataclass
@@ -82,8 +89,8 @@ class ServerStats:
     """Counters a face can export (this module imports no metrics library)."""
 
     connections_open: int = 0
-    work_admitted: int = 0   # blocking requests handed to the workers and not yet answered
-    work_running: int = 0    # of which a worker is running now
+    work_admitted: int = 0   # work requests admitted and not yet answered
+    work_running: int = 0    # of which holding a slot now (on the loop or a worker)
     dropped: dict[str, int] = field(default_factory=lambda: {
         "read_timeout": 0, "evicted": 0, "refused": 0, "bad_request": 0})
     shed: int = 0      # work answered 503 because no worker was free in time
@@ -177,7 +184,8 @@ class BoundedHTTPServer:
         self._entered = False
         self.evictable: OrderedDict[_Connection, None] = OrderedDict()  # oldest first
         self.connections: set[_Connection] = set()
-        self._running_lock = threading.Lock()
+        self.free_slots = workers  # work being done now, on the loop or a thread (loop thread only)
+        self.waiting: collections.deque = collections.deque()  # (connection, ticket), oldest first
 
     # -- lifecycle --------------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -258,16 +266,20 @@ class BoundedHTTPServer:
             log.exception("%s: %s %s failed", self.name, request.method, request.path)
             return _plain(500, "internal error (logged)\n")
 
-    def run_work(self, route: Route, request: Request) -> Response:
+    def run_work(self, work: Callable[[], Response], request: Request) -> Response:
         """On a worker thread."""
-        stats = self.stats
-        with self._running_lock:
-            stats.work_running += 1
         try:
-            return self.call(route, request)
-        finally:
-            with self._running_lock:
-                stats.work_running -= 1
+            return work()
+        except Exception:
+            log.exception("%s: %s %s failed", self.name, request.method, request.path)
+            return _plain(500, "internal error (logged)\n")
+
+    def start_waiting(self) -> None:
+        """Give free slots to the oldest waiting work (on the loop)."""
+        while self.free_slots > 0 and self.waiting:
+            connection, ticket = self.waiting.popleft()
+            if connection.ticket is ticket:
+                connection.start_work()
 
 
 class _Connection(asyncio.Protocol):
@@ -282,7 +294,9 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.reading_head = False  # bytes of a head have arrived (read_timeout applies)
         self.client = ""
-        self.job = None
+        self.work: tuple[Route, Request] | None = None  # admitted work not yet answered
+        self.ticket: object | None = None   # set while that work waits for a slot
+        self.running = False                # that work holds a slot
         self.shed_timer: asyncio.TimerHandle | None = None
         self.keep_alive_after = True   # False once the client has half-closed
 
@@ -318,8 +332,10 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc):
         self.closed = True
         self._disarm()
-        if self.job is not None and self.job.cancel():  # still queued: it never runs
-            self._end_job()
+        if self.ticket is not None:  # still waiting for a slot: it never runs
+            self._unqueue()
+            self.work = None
+            self.server.stats.work_admitted -= 1
         self.server.forget(self)
 
     def pause_writing(self):  # the client does not read its answers
@@ -356,7 +372,8 @@ class _Connection(asyncio.Protocol):
         self._disarm()
         self.busy, self.reading_head = True, False
         self.server.evictable.pop(self, None)
-        self.transport.pause_reading()
+        # Reading goes on while the answer is worked on (data_received keeps what a client sends
+        # meanwhile, up to MAX_HEAD_BYTES): pausing and resuming cost two epoll_ctl per request.
         self.keep_alive = keep_alive
         request = Request(method, path, query, headers, time.monotonic(), self.client)
         answer = self.server.answer_inline(request)
@@ -366,47 +383,87 @@ class _Connection(asyncio.Protocol):
             self._submit(answer, request)
 
     def _submit(self, route: Route, request: Request):
-        server, loop = self.server, self.loop
-        job = server.executor.submit(server.run_work, route, request)
+        server = self.server
         server.stats.work_admitted += 1
+        self.work = (route, request)
+        if server.free_slots > 0 and not server.waiting:
+            self.start_work()
+            return
         wait = max(0.0, route.start_within(request) - (time.monotonic() - request.received))
-        self.job = job
-        self.shed_timer = loop.call_later(wait, self._shed, route, request)
-        job.add_done_callback(lambda done: done.cancelled() or loop.call_soon_threadsafe(self._finished, done))
+        self.ticket = object()
+        server.waiting.append((self, self.ticket))
+        self.shed_timer = self.loop.call_later(wait, self._shed)
 
-    def _shed(self, route: Route, request: Request):
-        """No worker took the job within the route's wait: it never runs; answer overloaded."""
+    def _unqueue(self):
+        self.ticket = None
+        if self.shed_timer is not None:
+            self.shed_timer.cancel()
+            self.shed_timer = None
+
+    def start_work(self):
+        """A slot is free: the work starts, on the loop (``on_loop``) or a worker."""
+        self._unqueue()
+        server = self.server
+        route, request = self.work
+        server.free_slots -= 1
+        server.stats.work_running += 1
+        self.running = True
+        if route.on_loop is None:
+            self._reply(lambda: route.handler(request))
+            return
+        try:
+            route.on_loop(request, self._reply)
+        except Exception:
+            log.exception("%s: %s %s failed", server.name, request.method, request.path)
+            self._reply(_plain(500, "internal error (logged)\n"))
+
+    def _reply(self, answer):
+        """The work's answer: a Response, or a callable to run on a worker for it."""
+        if not self.running:
+            return
+        if isinstance(answer, Response):
+            self._work_done(answer)
+            return
+        server, loop = self.server, self.loop
+        job = server.executor.submit(server.run_work, answer, self.work[1])
+        job.add_done_callback(lambda done: done.cancelled() or _call_soon(loop, self._finished, done))
+
+    def _shed(self):
+        """No slot came free within the route's wait: the work never runs; answer overloaded."""
         self.shed_timer = None
-        if self.job is not None and self.job.cancel():
-            self._end_job()
-            self.server.stats.shed += 1
-            if not self.closed:
-                try:
-                    response = route.overloaded(request)
-                except Exception:
-                    log.exception("%s: overloaded answer failed", self.server.name)
-                    response = _plain(503, "overloaded\n")
-                self._respond(response)
+        if self.ticket is None:
+            return
+        route, request = self.work
+        self._unqueue()
+        self.work = None
+        self.server.stats.work_admitted -= 1
+        self.server.stats.shed += 1
+        if not self.closed:
+            try:
+                response = route.overloaded(request)
+            except Exception:
+                log.exception("%s: overloaded answer failed", self.server.name)
+                response = _plain(503, "overloaded\n")
+            self._respond(response)
 
     def _finished(self, job):
-        if job is not self.job:
-            return
-        self._end_job()
-        if self.closed:
-            return
         try:
             response = job.result()
         except Exception:  # run_work answers 500 for a route's errors; this is the server's own
             log.exception("%s: worker failed", self.server.name)
             response = _plain(500, "internal error (logged)\n")
-        self._respond(response)
+        self._work_done(response)
 
-    def _end_job(self):
-        self.job = None
-        self.server.stats.work_admitted -= 1
-        if self.shed_timer is not None:
-            self.shed_timer.cancel()
-            self.shed_timer = None
+    def _work_done(self, response: Response):
+        server = self.server
+        self.running = False
+        self.work = None
+        server.free_slots += 1
+        server.stats.work_running -= 1
+        server.stats.work_admitted -= 1
+        server.start_waiting()
+        if not self.closed:
+            self._respond(response)
 
     def _respond(self, response: Response):
         self.keep_alive = self.keep_alive and self.keep_alive_after
@@ -445,6 +502,13 @@ class _Connection(asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.transport.abort()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the loop is closed: the server has stopped, nobody waits for this
+        pass
 
 
 class QuietThreadingHTTPServer(ThreadingHTTPServer):

@@ -51,17 +51,26 @@ def observe_load(client: Client, url: str, deadline: Deadline, options: Options,
     """Read the load; probe only when the reading shows nothing in flight (the rule, once)."""
     url = url.rstrip("/")
     observation = read(client, url, deadline, options, clock())
-    reading = observation.reading
-    if observation.status != ANSWERED or reading is None:
-        return observation
-    if reading.in_flight == 0 and not reading.asleep and options.probe != PROBE_NONE:
+    if probe_due(observation, options):
         observation = replace(observation, probe=probe(client, url, deadline, options))
     return observation
+
+
+def probe_due(observation: Observation, options: Options) -> bool:
+    """The idle probe goes out only when a reading shows nothing in flight, the engine awake."""
+    reading = observation.reading
+    return (observation.status == ANSWERED and reading is not None and reading.in_flight == 0
+            and not reading.asleep and options.probe != PROBE_NONE)
 
 
 def read_metrics(client: Client, url: str, deadline: Deadline, options: Options, taken_at: float) -> Observation:
     """An engine's /metrics page as a Reading (and its version, if the engine says it cheaply)."""
     fetched = client.request("GET", url + "/metrics", deadline=deadline, headers=options.auth_headers())
+    return metrics_observation(taken_at, fetched, options)
+
+
+def metrics_observation(taken_at: float, fetched: Fetched, options: Options) -> Observation:
+    """What a fetched /metrics page says (the exporter also fetches it on its loop: ``loopfetch``)."""
     failed = not_answered(taken_at, fetched, "/metrics", named=False)
     if failed is not None:
         return failed

@@ -60,3 +60,23 @@ def test_families_the_fast_path_does_not_cover_go_through_generate_latest():
     histogram = HistogramMetricFamily("h", "a histogram", buckets=[("1.0", 2), ("+Inf", 3)], sum_value=4)
     families = [GaugeMetricFamily("g", "a gauge", value=1), histogram]
     assert render(families) == reference(families)
+
+
+@pytest.mark.parametrize("name", OBSERVATIONS)
+def test_series_render_straight_to_the_same_bytes(name):
+    """``render_series`` (the /probe path: no prometheus_client objects) writes exactly what
+    the families of the same series render to."""
+    from hangwatch.exporter.collector import as_families, render_series, series_for
+    observation, module = OBSERVATIONS[name]
+    series = list(series_for(observation, module, 0.004567))
+    assert render_series(series) == render(as_families(series)) == reference(families_for(observation, module, 0.004567))
+    assert render_series(series) == render_series(series)  # the kept HELP/TYPE lines change nothing
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 1.0, 4, 0.031, 1e-7, 1e21, 1.7644e9, 123456.0, 1234567.0, 12345678.5,
+                                   -1234567.0, float("inf"), float("-inf"), float("nan"), 5123.0, 2 ** 53 + 1.0])
+def test_numbers_are_written_as_prometheus_client_writes_them(value):
+    from prometheus_client.utils import floatToGoString
+
+    from hangwatch.exporter.collector import _go_float
+    assert _go_float(value) == floatToGoString(value)
