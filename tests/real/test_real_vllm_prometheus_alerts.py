@@ -75,8 +75,16 @@ def test_busy_real_vllm_never_alerts_and_a_frozen_one_alerts_once(vllm, stack):
             vllm.thaw()
         assert not load.errors(), load.errors()
     notifications = stack.receiver.alerts("/alerts", HUNG)
-    assert len(notifications) == 1 and set(still_hung) == {"hung"}, (
-        f"{len(notifications)} notifications\n{evidence(stack, time.monotonic() - frozen_at + 5)}")
+    # One hang, told once: a single firing episode (one alert, one startsAt; an alert that
+    # resolved and fired again would carry a new startsAt) while the state stayed hung.
+    # Alertmanager delivers it again when the receiver's 200 comes after its flush deadline
+    # (the stack's 1 s group_interval; seen in CI with this test process busy: the same
+    # alert, the same startsAt, twice); receivers must tolerate that (the webhook's ledger
+    # does), so a redelivery of the same episode is not a second notification.
+    episodes = {(alert["labels"]["target"], alert["startsAt"]) for _, alert in notifications}
+    assert len(episodes) == 1 and set(still_hung) == {"hung"}, (
+        f"{len(notifications)} notifications of {len(episodes)} episodes {sorted(episodes)}\n"
+        f"{evidence(stack, time.monotonic() - frozen_at + 5)}")
     labels = notifications[0][1]["labels"]
     assert (labels["target"], labels["container"], labels["action"]) == ("vllm-a", "vllm-a", "restart")
     print(f"real vLLM frozen -> hang notification in {latency:.1f} s ({SCRAPE:g} s scrape)")
