@@ -40,6 +40,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, Info, generate_latest
@@ -378,14 +379,20 @@ def main(args) -> int:
         sys.stderr.write(f"hangwatch exporter: cannot listen on {args.listen}: {exc.strerror}\n")
         return EXIT_CONFIG
     host, port = server.server_address[:2]
-    log.info("hangwatch %s listening on http://%s:%s (allow_targets: %s; max_connections %d, "
-             "max_concurrent_probes %d)", __version__, host, port, _allowed(config), config.max_connections,
-             config.max_concurrent_probes)
-    return serve_until_signalled(server)
+
+    def announce() -> None:
+        log.info("hangwatch %s listening on http://%s:%s (allow_targets: %s; max_connections %d, "
+                 "max_concurrent_probes %d)", __version__, host, port, _allowed(config), config.max_connections,
+                 config.max_concurrent_probes)
+    return serve_until_signalled(server, announce)
 
 
-def serve_until_signalled(server: BoundedHTTPServer) -> int:
+def serve_until_signalled(server: BoundedHTTPServer, announce: Callable[[], None] | None = None) -> int:
     """Serve until SIGTERM or SIGINT, then stop at once: 0 (1 if the server itself failed).
+
+    ``announce`` (the "listening" line) runs only once the handlers are in place: a supervisor or
+    test that signals as soon as it reads that line must not meet the default action (measured in
+    CI: a SIGTERM straight after the line killed the exporter with -15 instead of a clean 0).
 
     As PID 1 in a container a process gets no default signal handling, so without a handler
     ``docker stop`` waited its full 10 s and then killed the exporter. The exporter holds no
@@ -407,6 +414,8 @@ def serve_until_signalled(server: BoundedHTTPServer) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda signum, frame: signalled.append(signum))
     serving.start()
+    if announce is not None:
+        announce()
     try:
         while serving.is_alive() and not signalled:
             select.select([wake_read], [], [], 1.0)

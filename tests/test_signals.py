@@ -8,7 +8,10 @@ loop's next poll. The webhook still waits for a restart under way (tests/webhook
 """
 from __future__ import annotations
 
+import queue
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,7 +19,8 @@ import pytest
 import requests
 
 from tests.support.hostile import HostileServer
-from tests.support.servers import ServerProcess, webhook_config
+from tests.support.processes import REPO
+from tests.support.servers import LISTENING, ServerProcess, webhook_config
 
 PROMPT = 1.0  # seconds from the signal to the process being gone
 
@@ -92,3 +96,32 @@ def test_a_signal_that_waits_out_a_stop_still_stops_at_once(server, tmp_path):
             # could land after the server had finished and restored the default action (-15).
             code, seconds = process.stop(None, timeout=5)
             assert code == 0 and seconds < 2, (code, seconds, process.log())
+
+
+@pytest.mark.parametrize("server", ["exporter", "webhook"])
+def test_a_signal_sent_the_moment_it_says_it_listens_is_handled(server, tmp_path):
+    """The "listening" line is what supervisors and tests wait for, so the handlers are in place
+    before it is written: CI saw a SIGTERM that followed the line kill the exporter by the
+    default action (-15), the line having been logged before the handlers were installed."""
+    args = ("--config", str(webhook_config(tmp_path))) if server == "webhook" else ()
+    for _ in range(5):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hangwatch", server, *args, "--listen", "127.0.0.1:0"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        said: queue.Queue[str] = queue.Queue()
+        reader = threading.Thread(target=lambda lines=process.stderr, said=said: [said.put(line) for line in lines], daemon=True)
+        reader.start()
+        try:
+            deadline = time.monotonic() + 20
+            seen = []
+            while not (seen and LISTENING.search(seen[-1])):
+                seen.append(said.get(timeout=max(0.0, deadline - time.monotonic())))
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(10)
+            reader.join(5)
+            seen.extend(said.queue)
+            assert code == 0, "".join(seen)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.stderr.close()

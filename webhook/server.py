@@ -99,9 +99,9 @@ def serve(app, host: str, port: int, *, banner: str = "", install_signals: bool 
     if install_signals:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: server.request_stop(wake=False))
-    log.info("webhook listening on http://%s:%s%s", host, server.port, f" ({banner})" if banner else "")
     if ready is not None:
-        ready(server)
+        ready(server)  # first: whoever acts on the "listening" line may signal at once (its handlers)
+    log.info("webhook listening on http://%s:%s%s", host, server.port, f" ({banner})" if banner else "")
     server.serve_until_stopped()
     bound = state.restart_bound
     log.info("stopping: no new restart begins; a restart under way gets up to %.0fs", bound)
