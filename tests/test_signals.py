@@ -102,14 +102,17 @@ def test_a_signal_that_waits_out_a_stop_still_stops_at_once(server, tmp_path):
 def test_a_signal_sent_the_moment_it_says_it_listens_is_handled(server, tmp_path):
     """The "listening" line is what supervisors and tests wait for, so the handlers are in place
     before it is written: CI saw a SIGTERM that followed the line kill the exporter by the
-    default action (-15), the line having been logged before the handlers were installed."""
+    default action (-15), the line having been logged before the handlers were installed.
+
+    Not ``ServerProcess``: it polls its log every 20 ms and then waits until the port accepts,
+    which leaves the handlers time to be installed; here the signal follows the line at once."""
     args = ("--config", str(webhook_config(tmp_path))) if server == "webhook" else ()
     for _ in range(5):
         process = subprocess.Popen(
             [sys.executable, "-m", "hangwatch", server, *args, "--listen", "127.0.0.1:0"],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         said: queue.Queue[str] = queue.Queue()
-        reader = threading.Thread(target=lambda lines=process.stderr, said=said: [said.put(line) for line in lines], daemon=True)
+        reader = threading.Thread(target=_each_line, args=(process.stderr, said.put), daemon=True)
         reader.start()
         try:
             deadline = time.monotonic() + 20
@@ -125,3 +128,8 @@ def test_a_signal_sent_the_moment_it_says_it_listens_is_handled(server, tmp_path
             if process.poll() is None:
                 process.kill()
             process.stderr.close()
+
+
+def _each_line(lines, put) -> None:
+    for line in lines:
+        put(line)
