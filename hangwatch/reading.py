@@ -132,9 +132,14 @@ def _plan_for(engine: EngineMetrics) -> _Plan:
                  declared_zero)
 
 
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:")
+_NAME_ENDS = "(?![" + re.escape("".join(sorted(NAME_CHARS))) + "])"  # the metric name stops here: not a longer name sharing the prefix
+
+
 def _trie(words) -> str:
-    """A regular expression matching any of ``words`` as a prefix, shaped as a trie, so each line
-    start costs one pass over its first characters, not one try per word."""
+    """A regular expression matching any of ``words`` as a whole metric name at a line's start
+    (what follows is not a name character), shaped as a trie, so each line start costs one pass
+    over its first characters, not one try per word."""
     trie: dict = {}
     for word in words:
         node = trie
@@ -145,22 +150,26 @@ def _trie(words) -> str:
         return "(?!)"  # no words (FastChat has no page): no line matches
 
     def build(node: dict) -> str:
+        alternatives = [re.escape(char) + build(child) for char, child in sorted(node.items()) if char]
         if "" in node:
-            return ""  # a shorter word already matched: whatever follows is a match too
-        alternatives = [re.escape(char) + build(child) for char, child in sorted(node.items())]
+            alternatives.insert(0, _NAME_ENDS)  # a word ends here; a longer one may go on
         return alternatives[0] if len(alternatives) == 1 else "(?:" + "|".join(alternatives) + ")"
     return build(trie)
 
 
 def wanted_lines(page: str, plan: "_Plan") -> list[str]:
-    """The page's lines that start with one of ``plan.prefixes``, in page order: what
-    ``[line for line in page.split("\n") if line.startswith(plan.prefixes)]`` gives, found by
-    one compiled expression in C instead of a Python loop over every line (most of a vLLM page
-    is histogram buckets nobody reads)."""
+    """The page's lines whose metric name is one of ``plan.prefixes``, in page order: the lines
+    that start with one of them where the name stops there (``vllm:prompt_tokens`` is wanted,
+    ``vllm:prompt_tokens_cached_total`` is another metric). Found by one compiled expression in
+    C instead of a Python loop over every line: most of a vLLM page is histogram buckets and
+    ``*_created`` samples nobody reads. Whatever follows a wanted name (labels, a value, or
+    garbage) is the parser's to judge: a malformed wanted line still makes the page unreadable."""
     found = [match.group()[1:] for match in plan.lines.finditer(page)]
-    if page.startswith(plan.prefixes):
+    if page.startswith(plan.prefixes):  # the first line has no newline before it
         end = page.find("\n")
-        found.insert(0, page if end == -1 else page[:end])
+        first = page if end == -1 else page[:end]
+        if plan.lines.match("\n" + first):
+            found.insert(0, first)
     return found
 
 
@@ -216,7 +225,7 @@ def parse(page: str, engine: str | None = None) -> Reading:
         name, labels, value_text = _split_sample(line)
         field_name = plan.field_of.get(name)
         if field_name is None:
-            continue  # a longer name sharing the prefix, e.g. vllm:prompt_tokens_cached
+            continue  # (wanted_lines gives wanted names only)
         if (name, labels) in seen:
             raise UnreadablePage(f"duplicate series {name}{{{labels}}}")
         seen.add((name, labels))

@@ -13,60 +13,36 @@ import pytest
 
 from hangwatch.fetch import OK, REFUSED, TIMEOUT, Client, Deadline
 from hangwatch.loopfetch import LoopClient
-from tests.support.hostile import HostileServer
+from tests.support.hostile import HostileServer, SocketServer
 from tests.support.pages import Page, PageServer
 
 IDLE_PAGE = (Path(__file__).parent / "data" / "vllm-0.32" / "idle.prom").read_bytes()
 SLACK = 1.5
 
 
-class RawServer:
+class RawServer(SocketServer):
     """Answers every request with ``answer`` (bytes, written in ``pieces``), then closes or keeps
     the connection open for ``hold`` seconds."""
 
     def __init__(self, answer: bytes, *, close: bool = True, hold: float = 0.0, pieces: int = 1):
         self.answer, self.close, self.hold, self.pieces = answer, close, hold, pieces
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        super().__init__(backlog=16)
 
     def _serve(self, conn):
         conn.settimeout(5)
         with conn:
             try:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    data = conn.recv(4096)
-                    if not data:
-                        return
-                    head += data
+                if self.read_head(conn) is None:
+                    return
                 step = max(1, len(self.answer) // self.pieces)
                 for start in range(0, len(self.answer), step):
                     conn.sendall(self.answer[start:start + step])
                     if self.pieces > 1:
                         time.sleep(0.01)
                 if not self.close:
-                    self.stopped.wait(self.hold)
+                    self._stop.wait(self.hold)
             except OSError:
                 pass
-
-    def stop(self):
-        self.stopped.set()
-        self.thread.join(5)
-        self.sock.close()
 
 
 @pytest.fixture

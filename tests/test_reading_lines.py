@@ -1,5 +1,6 @@
-"""``reading.wanted_lines`` finds exactly the lines a plain ``str.startswith`` filter over every
-line would: the parser's strictness (duplicates, malformed wanted lines) rests on seeing all of them."""
+"""``reading.wanted_lines`` finds exactly the lines a plain Python filter over every line would
+(the line starts with a wanted name and the name stops there): the parser's strictness
+(duplicates, malformed wanted lines) rests on seeing all of them, and only them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,14 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hangwatch.reading import _PLANS, wanted_lines
+from hangwatch.reading import _PLANS, NAME_CHARS, parse, UnreadablePage, wanted_lines
 
 DATA = Path(__file__).parent / "data"
 PAGES = sorted(DATA.glob("**/*.prom"))
 
 
 def by_startswith(page: str, prefixes) -> list[str]:
-    return [line for line in page.split("\n") if line.startswith(prefixes)]
+    return [line for line in page.split("\n")
+            if any(line.startswith(name) and line[len(name):len(name) + 1] not in NAME_CHARS for name in prefixes)]
 
 
 @pytest.mark.parametrize("engine", sorted(_PLANS))
@@ -29,7 +31,7 @@ def test_the_captured_pages_give_the_same_lines(path, engine):
 def _fragments():
     names = sorted({name for plan in _PLANS.values() for name in plan.prefixes})
     pieces = names + [name[:-1] for name in names] + [name + "_x" for name in names] + [
-        "\n", "\r\n", "{", "}", " ", " 1", " 2.5 1700000000", "# TYPE ", '{model_name="m"}', "_bucket", "x"]
+        "\n", "\r\n", "\r", "\t", ":", "0", "{", "}", " ", " 1", " 2.5 1700000000", "# TYPE ", '{model_name="m"}', "_bucket", "x"]
     return st.lists(st.sampled_from(pieces), max_size=40).map("".join)
 
 
@@ -38,3 +40,20 @@ def _fragments():
 def test_any_text_gives_the_same_lines(page, engine):
     plan = _PLANS[engine]
     assert wanted_lines(page, plan) == by_startswith(page, plan.prefixes)
+
+
+def test_a_longer_name_sharing_a_wanted_prefix_is_another_metric_and_never_read():
+    """``vllm:prompt_tokens`` is wanted (older vLLM), ``vllm:prompt_tokens_cached_total`` is not:
+    even malformed, it does not make the page unreadable; a malformed wanted line still does."""
+    page = (DATA / "vllm-0.32" / "busy.prom").read_text()
+    lines = wanted_lines(page, _PLANS["vllm"])
+    assert not any(line.startswith(("vllm:prompt_tokens_cached", "vllm:prompt_tokens_created")) for line in lines)
+    assert any(line.startswith("vllm:prompt_tokens_total{") for line in lines)
+    other = page.replace('vllm:prompt_tokens_cached_total{engine="0",model_name="tiny-llama"} 0.0',
+                         'vllm:prompt_tokens_cached_total{engine="0",model_name="tiny-llama"} zero', 1)
+    assert other != page and parse(other, "vllm").running == parse(page, "vllm").running
+    wanted = page.replace('vllm:num_requests_running{engine="0",model_name="tiny-llama"} 4.0',
+                          'vllm:num_requests_running{engine="0",model_name="tiny-llama"} four', 1)
+    assert wanted != page
+    with pytest.raises(UnreadablePage):
+        parse(wanted, "vllm")

@@ -15,17 +15,16 @@ import threading
 import time
 
 
-class HostileServer:
-    def __init__(self, modes: dict[str, str], *, body: bytes = b"", bodies: dict[str, bytes] | None = None,
-                 gap: float = 0.2, chunk: int = 64, content_type: str = "text/plain; version=0.0.4"):
-        self.modes, self.body, self.gap, self.chunk, self.content_type = modes, body, gap, chunk, content_type
-        self.bodies = bodies or {}
-        self.requests: list[tuple[str, str]] = []
+class SocketServer:
+    """A listening socket on a free loopback port and one thread per connection; a subclass says
+    in ``_serve`` what a connection gets (``read_head`` reads its request line and headers)."""
+
+    def __init__(self, backlog: int = 64):
         self._stop = threading.Event()
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
+        self._sock.listen(backlog)
         self._sock.settimeout(0.2)
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -45,15 +44,35 @@ class HostileServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def read_head(conn: socket.socket) -> bytes | None:
+        """The request's line and headers (None: the peer closed first)."""
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = conn.recv(4096)
+            if not data:
+                return None
+            head += data
+        return head
+
+
+class HostileServer(SocketServer):
+    def __init__(self, modes: dict[str, str], *, body: bytes = b"", bodies: dict[str, bytes] | None = None,
+                 gap: float = 0.2, chunk: int = 64, content_type: str = "text/plain; version=0.0.4"):
+        self.modes, self.body, self.gap, self.chunk, self.content_type = modes, body, gap, chunk, content_type
+        self.bodies = bodies or {}
+        self.requests: list[tuple[str, str]] = []
+        super().__init__()
+
+    def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(5)
         try:
             with conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    data = conn.recv(4096)
-                    if not data:
-                        return
-                    head += data
+                head = self.read_head(conn)
+                if head is None:
+                    return
                 method, path = head.split(b"\r\n", 1)[0].decode().split(" ")[:2]
                 self.requests.append((method, path))
                 mode = self.modes.get(path, "ok")
