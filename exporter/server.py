@@ -29,7 +29,6 @@ loop: ``on_loop``, as ``/probe`` does).
 """
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 import os
@@ -46,7 +45,7 @@ from urllib.parse import parse_qs
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from hangwatch import __version__, logs
+from hangwatch import __version__, evloop, logs
 from hangwatch.fetch import Client, Deadline
 from hangwatch.httpserver import BoundedHTTPServer, Request, Response, Route
 from hangwatch.loopfetch import LoopClient
@@ -203,7 +202,7 @@ class Prober:
         if module != "backend" or not LoopClient.can_get(url):  # (can_get's answer is kept per URL)
             reply(lambda: self.route(request))
             return
-        loop = asyncio.get_running_loop()
+        loop = evloop.running()
         if self.loop_client is None or self.loop_client.loop is not loop:
             self.loop_client = LoopClient(loop, max_idle=IDLE_CONNECTIONS)
         collector = self.collector(target, module, probe, request.headers.get("x-prometheus-scrape-timeout-seconds"),

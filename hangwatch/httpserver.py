@@ -6,8 +6,9 @@ library's server) lets any client hold a thread for as long as it likes by sendi
 request slowly, and its listen backlog of 5 drops connections when a Prometheus restart
 scrapes a thousand targets at once. Here instead:
 
-- one asyncio loop reads every connection, so a half-open or idle connection costs a socket
-  and a few kilobytes, never a thread; a request head must arrive within ``read_timeout``
+- one event loop (``hangwatch.evloop``: non-blocking sockets on epoll) reads every
+  connection, so a half-open or idle connection costs a socket and a few kilobytes, never a
+  thread; a request head must arrive within ``read_timeout``
   and fit in ``MAX_HEAD_BYTES``, an idle keep-alive connection is closed after
   ``IDLE_TIMEOUT``;
 - at most ``max_connections`` are open: a new one first evicts the oldest connection that is
@@ -26,8 +27,8 @@ maps a ``Request`` to a ``Response``. It imports nothing outside the standard li
 """
 from __future__ import annotations
 
-import asyncio
 import collections
+import errno
 import logging
 import socket
 import sys
@@ -38,8 +39,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import ThreadingHTTPServer
+from types import MappingProxyType
 from typing import Callable, Mapping
 from urllib.parse import urlsplit
+
+from .evloop import Loop
 
 log = logging.getLogger("hangwatch.httpserver")
 
@@ -47,6 +51,10 @@ MAX_HEAD_BYTES = 16384      # request line and headers; Prometheus sends ~300 by
 MAX_HEADERS = 100
 IDLE_TIMEOUT = 120.0        # an idle keep-alive connection (Prometheus keeps them 5 min)
 LISTEN_BACKLOG = 4096       # the kernel caps it at net.core.somaxconn
+ACCEPTS_PER_WAKE = 64
+RECV_BYTES = 65536
+KEPT_HEADS = 20000          # request heads kept parsed (one per target: the same every scrape)
+MAX_KEPT_HEAD = 1024        # longer heads are parsed every time (a client cannot fill memory)
 
 
 @dataclass(frozen=True)
@@ -177,8 +185,7 @@ class BoundedHTTPServer:
         self.socket.setblocking(False)
         self.server_address = self.socket.getsockname()[:2]
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{name}-worker")
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
+        self.loop: Loop | None = None
         self._stopped = threading.Event()
         self._running = threading.Event()
         self._entered = False
@@ -186,14 +193,23 @@ class BoundedHTTPServer:
         self.connections: set[_Connection] = set()
         self.free_slots = workers  # work being done now, on the loop or a thread (loop thread only)
         self.waiting: collections.deque = collections.deque()  # (connection, ticket), oldest first
+        self.heads: dict[bytes, tuple] = {}  # a request head -> what parse_head made of it (KEPT_HEADS)
 
     # -- lifecycle --------------------------------------------------------------------------
     def serve_forever(self) -> None:
         self._stopped.clear()
         self._entered = True
+        loop = self.loop = Loop()
+        listening = self.socket.fileno()
         try:
-            asyncio.run(self._serve())
+            loop.add_reader(listening, self._accept)
+            self._running.set()
+            loop.run_forever()
         finally:
+            self._running.clear()
+            for connection in list(self.connections):
+                connection.abort()
+            loop.close()
             self._stopped.set()
 
     def shutdown(self) -> None:
@@ -201,30 +217,46 @@ class BoundedHTTPServer:
         if not self._entered:
             return
         self._running.wait(10)
-        loop, stop = self.loop, self._stop
-        if loop is not None and stop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(stop.set)
-            except RuntimeError:
-                pass
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.stop_threadsafe()
             self._stopped.wait(10)
 
     def server_close(self) -> None:
         self.socket.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _serve(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        server = await self.loop.create_server(lambda: _Connection(self), sock=self.socket, backlog=LISTEN_BACKLOG)
-        self._running.set()
-        try:
-            await self._stop.wait()
-        finally:
-            server.close()
-            for connection in list(self.connections):
-                connection.abort()
-            self._running.clear()
+    def _accept(self) -> None:
+        """New connections (a few at a time, so a flood cannot starve the answers)."""
+        for _ in range(ACCEPTS_PER_WAKE):
+            try:
+                sock, peer = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors: accepting again at once would spin. As asyncio does,
+                    # stop accepting for a second (the backlog holds the rest meanwhile).
+                    log.warning("%s: cannot accept a connection (%s); pausing accepts for 1 s", self.name,
+                                exc.strerror)
+                    listening = self.socket.fileno()
+                    self.loop.remove_reader(listening)
+                    self.loop.call_later(1.0, self._resume_accepting)
+                return
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+            connection = _Connection(self, sock, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "")
+            if not self.admit(connection):
+                sock.close()
+                continue
+            connection.start()
+
+    def _resume_accepting(self) -> None:
+        if self.socket.fileno() != -1 and self._running.is_set():
+            self.loop.add_reader(self.socket.fileno(), self._accept)
 
     # -- bookkeeping the connections use --------------------------------------------------------
     def admit(self, connection: "_Connection") -> bool:
@@ -247,6 +279,21 @@ class BoundedHTTPServer:
         self.connections.discard(connection)
         self.evictable.pop(connection, None)
         self.stats.connections_open = len(self.connections)
+
+    def parsed(self, head: bytes) -> tuple[str, str, str, Mapping[str, str], bool]:
+        """``parse_head(head)``, kept for heads seen before: Prometheus sends each target the
+        same head every scrape. Only good heads of at most ``MAX_KEPT_HEAD`` bytes are kept, at
+        most ``KEPT_HEADS`` of them (the oldest goes first)."""
+        known = self.heads.get(head)
+        if known is None:
+            method, path, query, headers, keep_alive = parse_head(head)
+            known = (method, path, query, MappingProxyType(headers), keep_alive)
+            if len(head) <= MAX_KEPT_HEAD:
+                heads = self.heads
+                while len(heads) >= KEPT_HEADS:
+                    heads.pop(next(iter(heads)))
+                heads[head] = known
+        return known
 
     def answer_inline(self, request: Request) -> Response | Route:
         """The response for a request that needs no worker, or the route that does."""
@@ -282,75 +329,148 @@ class BoundedHTTPServer:
                 connection.start_work()
 
 
-class _Connection(asyncio.Protocol):
-    """One client connection: read a head (within read_timeout), answer, repeat (keep-alive)."""
+class _Connection:
+    """One client connection on a non-blocking socket: read a head (within read_timeout),
+    answer, repeat (keep-alive). Every method runs on the loop's thread."""
 
-    def __init__(self, server: BoundedHTTPServer):
+    def __init__(self, server: BoundedHTTPServer, sock: socket.socket, client: str):
         self.server = server
         self.loop = server.loop
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.client = client
         self.buffer = b""
-        self.busy = False          # a request is being answered: not evictable, not reading
+        self.busy = False          # a request is being answered: not evictable, not taking a new one
         self.closed = False
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer = None
         self.reading_head = False  # bytes of a head have arrived (read_timeout applies)
-        self.client = ""
+        self.reading = False       # the loop watches the socket for bytes
+        self.out = b""             # the part of an answer the socket had no room for yet
+        self.close_when_sent = False
         self.work: tuple[Route, Request] | None = None  # admitted work not yet answered
         self.ticket: object | None = None   # set while that work waits for a slot
         self.running = False                # that work holds a slot
-        self.shed_timer: asyncio.TimerHandle | None = None
+        self.shed_timer = None
+        self.keep_alive = True
         self.keep_alive_after = True   # False once the client has half-closed
 
-    # -- asyncio.Protocol -----------------------------------------------------------------------
-    def connection_made(self, transport):
-        self.transport = transport
-        if not self.server.admit(self):
-            self.closed = True
-            transport.abort()
-            return
-        peer = transport.get_extra_info("peername")
-        self.client = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+    def start(self) -> None:
+        self._read_on()
         self._wait_for_head(self.server.read_timeout, counted=True)
 
-    def data_received(self, data: bytes):
-        if self.closed:
+    # -- the socket ---------------------------------------------------------------------------
+    def _read_on(self) -> None:
+        if not self.reading and not self.closed:
+            self.reading = True
+            self.loop.add_reader(self.fd, self._readable)
+
+    def _read_off(self) -> None:
+        if self.reading:
+            self.reading = False
+            self.loop.remove_reader(self.fd)
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
             return
+        except OSError:
+            self.abort()  # reset by the client
+            return
+        if data:
+            self._received(data)
+        else:
+            self._eof()
+
+    def _received(self, data: bytes) -> None:
         self.buffer += data
         if self.busy:
+            # Reading goes on while the answer is worked on (what a client sends meanwhile is
+            # kept, up to MAX_HEAD_BYTES): stopping and starting cost two epoll_ctl per request.
             if len(self.buffer) > MAX_HEAD_BYTES:  # pipelining past any sane head: stop reading
-                self.transport.pause_reading()
+                self._read_off()
             return
         if not self.reading_head:
             self.reading_head = True
             self._arm(self.server.read_timeout, counted=True)
         self._try_request()
 
-    def eof_received(self):
+    def _eof(self) -> None:
         """The client finished sending (a half-close): answer what it asked, then close."""
         self.keep_alive_after = False
-        return self.busy  # True keeps the transport open until the answer is written
+        self._read_off()  # the end of the stream stays readable: watching it would spin
+        if not self.busy:
+            self.close()
 
-    def connection_lost(self, exc):
+    def _send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.out:
+            self.out += data
+            return
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self.abort()
+            return
+        if sent < len(data):
+            self.out = data[sent:]
+            self.loop.add_writer(self.fd, self._writable)
+
+    def _writable(self) -> None:
+        try:
+            sent = self.sock.send(self.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.abort()
+            return
+        self.out = self.out[sent:]
+        if self.out:
+            return
+        self.loop.remove_writer(self.fd)
+        if self.close_when_sent:
+            self.close()
+        elif not self.busy and not self.reading_head:
+            self._arm(IDLE_TIMEOUT, counted=False)  # answered and read: idle from now
+
+    def close(self) -> None:
+        """Close once what is owed is sent (at most read_timeout more: the timer aborts)."""
+        if self.out and not self.closed:
+            self.close_when_sent = True
+            self._read_off()
+            self._arm(self.server.read_timeout, counted=False)
+            return
+        self.abort()
+
+    def abort(self) -> None:
+        if self.closed:
+            return
         self.closed = True
         self._disarm()
+        self._read_off()
+        if self.out:
+            self.out = b""
+            self.loop.remove_writer(self.fd)
+        self.sock.close()
         if self.ticket is not None:  # still waiting for a slot: it never runs
             self._unqueue()
             self.work = None
             self.server.stats.work_admitted -= 1
         self.server.forget(self)
 
-    def pause_writing(self):  # the client does not read its answers
-        self._arm(self.server.read_timeout, counted=False)
-
-    def resume_writing(self):
-        if self.busy:
-            self._disarm()
-
     # -- the request cycle ------------------------------------------------------------------------
     def _wait_for_head(self, timeout: float, counted: bool):
         self.busy = False
         self.reading_head = bool(self.buffer)
         self.server.evictable[self] = None
+        if self.out:  # the client has not read its last answer yet: it gets read_timeout to do so
+            timeout, counted = self.server.read_timeout, False
         self._arm(self.server.read_timeout if self.buffer else timeout, counted=counted or bool(self.buffer))
+        if self.keep_alive_after:
+            self._read_on()
         if self.buffer:
             self._try_request()
 
@@ -365,15 +485,13 @@ class _Connection(asyncio.Protocol):
             return
         head, self.buffer = self.buffer[:end], self.buffer[end + 4:]
         try:
-            method, path, query, headers, keep_alive = parse_head(head)
+            method, path, query, headers, keep_alive = self.server.parsed(head)
         except _BadRequest as bad:
             self._fail(bad.status, bad.text)
             return
         self._disarm()
         self.busy, self.reading_head = True, False
         self.server.evictable.pop(self, None)
-        # Reading goes on while the answer is worked on (data_received keeps what a client sends
-        # meanwhile, up to MAX_HEAD_BYTES): pausing and resuming cost two epoll_ctl per request.
         self.keep_alive = keep_alive
         request = Request(method, path, query, headers, time.monotonic(), self.client)
         answer = self.server.answer_inline(request)
@@ -467,20 +585,16 @@ class _Connection(asyncio.Protocol):
 
     def _respond(self, response: Response):
         self.keep_alive = self.keep_alive and self.keep_alive_after
-        self.transport.write(encode(response, self.keep_alive))
+        self._send(encode(response, self.keep_alive))
         if not self.keep_alive:
-            self.closed = True
-            self.transport.close()
+            self.close()
             return
-        self.transport.resume_reading()
         self._wait_for_head(IDLE_TIMEOUT, counted=False)
 
     def _fail(self, status: int, text: str):
         self.server.stats.dropped["bad_request"] += 1
-        self.transport.write(encode(_plain(status, text + "\n"), keep_alive=False))
-        self.closed = True
-        self._disarm()
-        self.transport.close()
+        self._send(encode(_plain(status, text + "\n"), keep_alive=False))
+        self.close()
 
     # -- timers -----------------------------------------------------------------------------------
     def _arm(self, timeout: float, counted: bool):
@@ -498,13 +612,8 @@ class _Connection(asyncio.Protocol):
             self.server.stats.dropped["read_timeout"] += 1
         self.abort()
 
-    def abort(self):
-        if not self.closed:
-            self.closed = True
-            self.transport.abort()
 
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
+def _call_soon(loop: Loop, callback, *args) -> None:
     try:
         loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:  # the loop is closed: the server has stopped, nobody waits for this
