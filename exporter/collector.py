@@ -33,7 +33,6 @@ Sample output for a busy vLLM::
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import NamedTuple
 
 from prometheus_client import generate_latest
@@ -92,8 +91,9 @@ def as_families(all_series):
         yield family
 
 
-def series_for(observation: Observation, module: str, duration: float):
-    """The normalized series for one observation: the one definition of what /probe exposes."""
+def series_for(observation: Observation, module: str, duration: float, version: str | None = None):
+    """The normalized series for one observation: the one definition of what /probe exposes.
+    ``version``: the engine's, when known (else the reading's own, if it has one)."""
     yield _gauge("hangwatch_up", "1 if the backend answered HTTP within the budget.",
                  1.0 if observation.answered else 0.0)
     yield _gauge("hangwatch_connection_stalled",
@@ -153,7 +153,7 @@ def series_for(observation: Observation, module: str, duration: float):
                  ("engine", "module", "models", "version"),
                  (((reading.engine if reading else "", module,
                     ",".join(bounded_models(reading.models)) if reading else "",
-                    (reading.version or "") if reading else ""), 1.0),))
+                    (version or reading.version or "") if reading else ""), 1.0),))
 
 
 def _model_series(observation: Observation):
@@ -205,6 +205,7 @@ class BackendCollector:
         """The series for an observation taken since ``started``, with the engine's version
         (asked within ``deadline`` unless ``versions`` knows it)."""
         reading = observation.reading
+        version = None
         if reading is not None:
             version = self.versions and self.versions.get(self.target, reading.engine, reading.process_start)
             if not version:
@@ -212,9 +213,8 @@ class BackendCollector:
                                          self.options)
                 if self.versions is not None:
                     self.versions.put(self.target, reading.engine, reading.process_start, version)
-            observation = replace(observation, reading=replace(reading, version=version))
         self.last_observation = observation
-        return series_for(observation, self.module, time.monotonic() - started)
+        return series_for(observation, self.module, time.monotonic() - started, version)
 
     def version_asks(self, observation: Observation, deadline: Deadline) -> bool:
         """True when ``families`` would send a request (the version is not known yet)."""

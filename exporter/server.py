@@ -215,8 +215,8 @@ class Prober:
                 observation = metrics_observation(taken_at, fetched, collector.options)
                 if probe_due(observation, collector.options) or collector.version_asks(observation, deadline):
                     reply(lambda: self._finish(request, collector, observation, started, deadline))
-                else:
-                    reply(self._finish(request, collector, observation, started, deadline))
+                else:  # nothing more to ask: the series as they are (what _finish would give)
+                    reply(self._rendered(request, collector, observation, started, deadline))
             except Exception:  # as BoundedHTTPServer.call: a bug is a logged 500, never an unanswered scrape
                 log.exception("/probe of %s failed", target)
                 reply(Response(500, TEXT, b"internal error (logged)\n"))
@@ -227,6 +227,10 @@ class Prober:
         """The rest of ``observe_backend`` after its /metrics read, then the series (``answer``'s)."""
         observation = observe_load(self.client, collector.target, deadline, collector.options,
                                    read=lambda *_: observation, probe=send_probe)
+        return self._rendered(request, collector, observation, started, deadline)
+
+    def _rendered(self, request: Request, collector: BackendCollector, observation, started: float,
+                  deadline: Deadline) -> Response:
         body = render_series(collector.series(observation, started, deadline))
         _log_probe(collector.target, collector.module, collector.last_observation, time.monotonic() - started)
         return self._counted(request, collector.module, 200, CONTENT_TYPE_LATEST, body)
