@@ -7,9 +7,12 @@ exporter as in ``examples/fleet/prometheus-file-sd.yml``; Prometheus (Debian's, 
 as in tests/e2e) scrapes every 15 s with a 10 s timeout and evaluates ``rules/*.yml`` (3 s
 groups). Measured after ``--minutes``: failed scrapes (``up`` 0), scrape durations, every
 rule group's evaluation time (``prometheus_rule_group_last_duration_seconds``, from
-Prometheus scraping itself) and missed iterations, the exporter's CPU and memory.
+Prometheus scraping itself) and missed iterations, each rule's evaluation time (``/api/v1/rules``
+read every 2 s, one sample per evaluation: where a group's time goes), the exporter's CPU and memory.
 
-    python bench/bench_exporter_prometheus.py [--backends 1000] [--minutes 3] [--exporter-ref COMMIT]
+    python bench/bench_exporter_prometheus.py [--backends 1000] [--minutes 3] [--exporter-ref COMMIT] [--rules DIR]
+
+``--rules DIR`` evaluates another set of rule files (e.g. an older commit's ``rules/``) instead.
 
 Run under ``flock /tmp/hw/heavy.lock``.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -36,12 +40,47 @@ from tests.support.ports import free_port  # noqa: E402
 from tests.support.processes import Process  # noqa: E402
 
 RULES = sorted((ROOT / "rules").glob("*.yml"))
+TOP_RULES = 6  # per group, the rules printed with their evaluation times
 
 
-def prometheus_config(workdir: Path, exporter_port: int, prom_port: int, sd_file: Path) -> dict:
+def rule_name(rule: dict) -> str:
+    """A rule as a person finds it in the file: its record or alert name, and the labels it sets."""
+    labels = ",".join(f"{k}={v}" for k, v in rule.get("labels", {}).items() if k not in ("severity", "action"))
+    return rule["name"] + (f"{{{labels}}}" if labels else "")
+
+
+def watch_rules(base: str, seconds: float) -> dict[tuple[str, str], list[float]]:
+    """Sleep ``seconds``, reading /api/v1/rules every 2 s: each rule's evaluation times, one per
+    evaluation (an evaluation read twice is counted once, by its timestamp)."""
+    times: dict[tuple[str, str], dict[str, float]] = {}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+        groups = requests.get(f"{base}/api/v1/rules", timeout=30).json()["data"]["groups"]
+        for group in groups:
+            for rule in group["rules"]:
+                if rule.get("lastEvaluation", "").startswith("0001-"):
+                    continue  # not evaluated yet
+                key = (group["name"], rule_name(rule))
+                times.setdefault(key, {})[rule["lastEvaluation"]] = rule["evaluationTime"]
+    return {key: list(by_time.values()) for key, by_time in times.items()}
+
+
+def print_rule_times(times: dict[tuple[str, str], list[float]]) -> None:
+    """Per group, the costliest rules by median evaluation time (a group's rules run one after another)."""
+    for group in sorted({group for group, _ in times}):
+        rules = [(statistics.median(v), max(v), len(v), name) for (g, name), v in times.items() if g == group]
+        total = sum(median for median, *_ in rules)
+        print(f"  {group}: sum of rule medians {total * 1000:.1f} ms; costliest:")
+        for median, worst, count, name in sorted(rules, reverse=True)[:TOP_RULES]:
+            print(f"    {median * 1000:7.1f} ms median, {worst * 1000:7.1f} ms slowest ({count} evaluations)  {name}")
+
+
+def prometheus_config(workdir: Path, exporter_port: int, prom_port: int, sd_file: Path,
+                      rules: list[Path] = RULES) -> dict:
     return {
         "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
-        "rule_files": [str(p) for p in RULES],
+        "rule_files": [str(p) for p in rules],
         "scrape_configs": [
             {"job_name": "hangwatch", "metrics_path": "/probe", "scrape_interval": "15s", "scrape_timeout": "10s",
              "file_sd_configs": [{"files": [str(sd_file)], "refresh_interval": "1m"}],
@@ -68,10 +107,14 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", type=int, default=1000)
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--exporter-ref", default=None)
+    parser.add_argument("--rules", type=Path, default=None, metavar="DIR",
+                        help="the rule files to evaluate (default: this tree's rules/*.yml)")
     args = parser.parse_args(argv)
     raise_fd_limit()
     _exit_on_sigterm()
-    print(f"exporter: {args.exporter_ref or 'this tree'}; {args.backends} backends, {args.minutes:g} min; "
+    rules = sorted(args.rules.glob("*.yml")) if args.rules else RULES
+    print(f"exporter: {args.exporter_ref or 'this tree'}; rules: {args.rules or 'this tree'}; "
+          f"{args.backends} backends, {args.minutes:g} min; "
           f"load before: {loadavg()}", flush=True)
     fleet = Fleet(args.backends)
     processes: list[Process] = []
@@ -84,7 +127,7 @@ def main(argv=None) -> int:
                 {"targets": [url], "labels": {"target": f"b{i:04d}"}} for i, url in enumerate(fleet.urls())]))
             port = free_port()  # Prometheus scrapes itself, so its port is in its config
             config = workdir / "prometheus.yml"
-            config.write_text(yaml.safe_dump(prometheus_config(workdir, exporter.port, port, sd_file), sort_keys=False))
+            config.write_text(yaml.safe_dump(prometheus_config(workdir, exporter.port, port, sd_file, rules), sort_keys=False))
             prom = Process("prometheus", [
                 shutil.which("prometheus") or "prometheus", f"--config.file={config}",
                 f"--storage.tsdb.path={workdir / 'prom-data'}", f"--web.listen-address=127.0.0.1:{port}"],
@@ -94,7 +137,7 @@ def main(argv=None) -> int:
             base = f"http://127.0.0.1:{port}"
             started, cpu0 = time.monotonic(), sample(exporter.pid).cpu
             prom_cpu0 = sample(prom.popen.pid).cpu
-            time.sleep(args.minutes * 60)
+            rule_times = watch_rules(base, args.minutes * 60)
             elapsed, cpu1 = time.monotonic() - started, sample(exporter.pid).cpu
             prom_cpu1 = sample(prom.popen.pid).cpu
             window = f"{int(args.minutes * 60)}s"
@@ -127,6 +170,7 @@ def main(argv=None) -> int:
                 typical = value(f"quantile_over_time(0.5, prometheus_rule_group_last_duration_seconds{selector}[{window}])")
                 print(f"rule group {group:28} interval {interval:g}s: evaluation median {typical * 1000:7.1f} ms, "
                       f"slowest {float(series['value'][1]) * 1000:7.1f} ms, missed iterations {missed:.0f}")
+            print_rule_times(rule_times)
             now = sample(exporter.pid)
             per_scrape = (cpu1 - cpu0) / max(1.0, succeeded) * 1000
             print(f"exporter: {(cpu1 - cpu0) / elapsed * 100:.1f}% of a core, {per_scrape:.2f} ms CPU per scrape "
