@@ -77,7 +77,7 @@ def metrics_observation(taken_at: float, fetched: Fetched, options: Options) -> 
     if fetched.status != OK:
         return Observation(taken_at, BLIND, error=f"/metrics answered {fetched.error}", scrape_seconds=fetched.elapsed)
     try:
-        reading = parse(fetched.text, options.engine)
+        reading = parse(fetched.body, options.engine)  # bytes: the page is never decoded whole
     except UnreadablePage as exc:
         return Observation(taken_at, BLIND, error=f"/metrics unusable: {exc}", scrape_seconds=fetched.elapsed)
     return Observation(taken_at, ANSWERED, reading=reading, scrape_seconds=fetched.elapsed)

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from .engines import COUNTER_FIELDS, ENGINES_BY_NAME, EngineMetrics, detect_engine
+from .engines import COUNTER_FIELDS, ENGINES, ENGINES_BY_NAME, EngineMetrics, detect_engine
 
 
 # A page is untrusted input: at most this many model names are taken from it, each cut to this
@@ -96,6 +96,7 @@ class _Plan:
     engine: EngineMetrics
     prefixes: tuple[str, ...]          # every wanted sample name, for str.startswith
     lines: re.Pattern                  # every line starting with one of them (after a newline)
+    byte_lines: re.Pattern             # the same over the page's bytes
     field_of: dict[str, str]          # sample name -> normalized field
     preference: dict[str, tuple[str, ...]]  # field -> sample names, most preferred first
     declared_zero: dict[str, tuple[str, ...]]  # field -> families whose bare TYPE line means 0
@@ -128,7 +129,8 @@ def _plan_for(engine: EngineMetrics) -> _Plan:
         **{name: families for name, families in engine.gauges.items()},
     }
     prefixes = tuple(field_of)
-    return _Plan(engine, prefixes, re.compile("\n" + _trie(prefixes) + "[^\n]*"), field_of, preference,
+    lines = "\n" + _trie(prefixes) + "[^\n]*"
+    return _Plan(engine, prefixes, re.compile(lines), re.compile(lines.encode("ascii")), field_of, preference,
                  declared_zero)
 
 
@@ -157,13 +159,25 @@ def _trie(words) -> str:
     return build(trie)
 
 
-def wanted_lines(page: str, plan: "_Plan") -> list[str]:
+def wanted_lines(page: str | bytes, plan: "_Plan") -> list[str]:
     """The page's lines whose metric name is one of ``plan.prefixes``, in page order: the lines
     that start with one of them where the name stops there (``vllm:prompt_tokens`` is wanted,
     ``vllm:prompt_tokens_cached_total`` is another metric). Found by one compiled expression in
     C instead of a Python loop over every line: most of a vLLM page is histogram buckets and
     ``*_created`` samples nobody reads. Whatever follows a wanted name (labels, a value, or
-    garbage) is the parser's to judge: a malformed wanted line still makes the page unreadable."""
+    garbage) is the parser's to judge: a malformed wanted line still makes the page unreadable.
+
+    A page as it came off the wire (bytes) is searched as bytes — a third faster than the same
+    expression over text, and the ~55 KB page is never decoded: only the lines found are, each
+    exactly as decoding the whole page would give it (a newline is never part of a UTF-8
+    sequence, so an undecodable byte cannot move a line's start or end)."""
+    if isinstance(page, bytes):
+        found = [line[1:].decode("utf-8", "replace") for line in plan.byte_lines.findall(page)]
+        end = page.find(b"\n")
+        first = page if end == -1 else page[:end]
+        if plan.byte_lines.match(b"\n" + first):  # the first line has no newline before it
+            found.insert(0, first.decode("utf-8", "replace"))
+        return found
     found = [match.group()[1:] for match in plan.lines.finditer(page)]
     if page.startswith(plan.prefixes):  # the first line has no newline before it
         end = page.find("\n")
@@ -202,19 +216,37 @@ def _split_sample(line: str) -> tuple[str, str, str]:
     return name.rstrip(), labels, fields[0]
 
 
-def _declared(page: str, family: str) -> bool:
+def _declared(page: str | bytes, family: str) -> bool:
+    if isinstance(page, bytes):
+        declared = f"# TYPE {family}".encode("utf-8")
+        return declared + b" " in page or declared + b"\n" in page
     return f"# TYPE {family} " in page or f"# TYPE {family}\n" in page
 
 
-def parse(page: str, engine: str | None = None) -> Reading:
-    """Read the normalized fields from a /metrics page; raise UnreadablePage if it can't."""
-    spec = ENGINES_BY_NAME.get(engine) if engine else detect_engine(page)
+def _last_line_complete(page: str | bytes) -> bool:
+    if isinstance(page, bytes):
+        return page.endswith(b"\n") or bool(_COMPLETE_LINE.match(
+            page[page.rfind(b"\n") + 1:].decode("utf-8", "replace")))
+    return page.endswith("\n") or bool(_COMPLETE_LINE.match(page[page.rfind("\n") + 1:]))
+
+
+def _detect(page: str | bytes) -> EngineMetrics | None:
+    if isinstance(page, bytes):
+        return next((engine for engine in ENGINES if engine.marker.encode("utf-8") in page), None)
+    return detect_engine(page)
+
+
+def parse(page: str | bytes, engine: str | None = None) -> Reading:
+    """Read the normalized fields from a /metrics page — text, or its bytes as they came (the
+    same reading either way; bytes are cheaper: see ``wanted_lines``) — or raise
+    UnreadablePage if it can't."""
+    spec = ENGINES_BY_NAME.get(engine) if engine else _detect(page)
     if spec is not None and not spec.running:
         raise UnreadablePage(f"{spec.name} has no Prometheus page to read")
     if spec is None:
         raise UnreadablePage("no known engine metrics on the page (vLLM, llama.cpp, SGLang, TGI)")
     plan = _PLANS[spec.name]
-    if not page.endswith("\n") and not _COMPLETE_LINE.match(page[page.rfind("\n") + 1:]):
+    if not _last_line_complete(page):
         raise UnreadablePage("page is truncated (its last line is cut off)")
     samples: dict[str, float] = {}
     seen: set[tuple[str, str]] = set()

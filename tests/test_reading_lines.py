@@ -57,3 +57,35 @@ def test_a_longer_name_sharing_a_wanted_prefix_is_another_metric_and_never_read(
     assert wanted != page
     with pytest.raises(UnreadablePage):
         parse(wanted, "vllm")
+
+
+@pytest.mark.parametrize("engine", sorted(_PLANS))
+@pytest.mark.parametrize("path", PAGES, ids=lambda path: f"{path.parent.name}/{path.name}")
+def test_a_page_read_as_bytes_gives_the_same_lines_and_reading_as_its_text(path, engine):
+    """The exporter reads the page's bytes as they came (never decoding it whole)."""
+    raw = path.read_bytes()
+    text = raw.decode("utf-8", "replace")
+    plan = _PLANS[engine]
+    assert wanted_lines(raw, plan) == wanted_lines(text, plan)
+    assert _reading_or_error(raw, engine) == _reading_or_error(text, engine)
+    assert _reading_or_error(raw, None) == _reading_or_error(text, None)
+
+
+def _reading_or_error(page, engine):
+    try:
+        return parse(page, engine)
+    except UnreadablePage as exc:
+        return f"unreadable: {exc}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(page=_fragments(), engine=st.sampled_from(sorted(_PLANS)),
+       junk=st.sampled_from([b"", b"\xff", b"\xe2\x82", b"\xc3\xa9", b"\x1c", b"\xa0"]))
+def test_any_bytes_give_the_same_lines_and_reading_as_their_text(page, engine, junk):
+    """Undecodable or odd bytes anywhere (a newline is never part of a UTF-8 sequence, so
+    they cannot move a line): bytes and their decoded text read the same."""
+    raw = page.encode().replace(b"0", b"0" + junk)
+    text = raw.decode("utf-8", "replace")
+    plan = _PLANS[engine]
+    assert wanted_lines(raw, plan) == wanted_lines(text, plan)
+    assert _reading_or_error(raw, engine) == _reading_or_error(text, engine)
