@@ -201,13 +201,20 @@ class BackendCollector:
         """``series`` as prometheus_client families."""
         return as_families(self.series(observation, started, deadline))
 
-    def series(self, observation: Observation, started: float, deadline: Deadline):
-        """The series for an observation taken since ``started``, with the engine's version
-        (asked within ``deadline`` unless ``versions`` knows it)."""
+    def known_version(self, observation: Observation) -> str | None:
+        """The engine's version if ``versions`` knows it for this reading's process."""
         reading = observation.reading
-        version = None
-        if reading is not None:
-            version = self.versions and self.versions.get(self.target, reading.engine, reading.process_start)
+        if reading is None or not self.versions:
+            return None
+        return self.versions.get(self.target, reading.engine, reading.process_start)
+
+    def series(self, observation: Observation, started: float, deadline: Deadline, version: str | None = None):
+        """The series for an observation taken since ``started``, with the engine's version
+        (``version`` when the caller has it, else asked within ``deadline`` unless ``versions``
+        knows it)."""
+        reading = observation.reading
+        if reading is not None and not version:
+            version = self.known_version(observation)
             if not version:
                 version = engine_version(self.client, self.target.rstrip("/"), reading.engine, deadline,
                                          self.options)
@@ -216,11 +223,11 @@ class BackendCollector:
         self.last_observation = observation
         return series_for(observation, self.module, time.monotonic() - started, version)
 
-    def version_asks(self, observation: Observation, deadline: Deadline) -> bool:
-        """True when ``families`` would send a request (the version is not known yet)."""
+    def version_asks(self, observation: Observation, deadline: Deadline, known: str | None = None) -> bool:
+        """True when ``families`` would send a request (the version is not known yet; ``known``:
+        what ``known_version`` said, when the caller asked it already)."""
         reading = observation.reading
-        if reading is None or (self.versions and self.versions.get(self.target, reading.engine,
-                                                                   reading.process_start)):
+        if reading is None or known or self.known_version(observation):
             return False
         spec = ENGINES_BY_NAME.get(reading.engine)
         return spec is not None and spec.version_path is not None and deadline.left() >= 0.05
@@ -238,36 +245,41 @@ def _label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-_HEADERS: dict[tuple[str, str, str], str] = {}  # (name, kind, doc) -> its HELP and TYPE lines
+# (name, kind, doc) -> its HELP and TYPE lines, and the name its samples are exposed under.
+# Bounded by the families series_for defines (their docs are constants).
+_HEADERS: dict[tuple[str, str, str], tuple[str, str]] = {}
 
 
 def _go_float(value: float) -> str:
     """``floatToGoString(value)``: Python's repr, except inf/nan and a dot past position 6
     (Go's exponent form), which are rare and left to prometheus_client."""
-    text = repr(float(value))
+    text = repr(value) if type(value) is float else repr(float(value))
     if "n" in text or text.find(".") > 6:
         return floatToGoString(value)
     return text
+
+
+def _header(name: str, kind: str, doc: str) -> tuple[str, str]:
+    exposed = name + "_total" if kind == "counter" else name
+    escaped = doc.replace("\\", "\\\\").replace("\n", "\\n")
+    header = _HEADERS[(name, kind, doc)] = (f"# HELP {exposed} {escaped}\n# TYPE {exposed} {kind}\n", exposed)
+    return header
 
 
 def render_series(all_series) -> bytes:
     """The text exposition format of ``Series``: byte for byte ``render(as_families(...))``
     (tests/test_exporter_render.py), without building prometheus_client objects per probe."""
     out = []
+    append = out.append
     for name, doc, kind, labels, samples in all_series:
-        header = _HEADERS.get((name, kind, doc))
-        exposed = name + "_total" if kind == "counter" else name
-        if header is None:
-            escaped = doc.replace("\\", "\\\\").replace("\n", "\\n")
-            header = _HEADERS[(name, kind, doc)] = f"# HELP {exposed} {escaped}\n# TYPE {exposed} {kind}\n"
-        out.append(header)
+        header, exposed = _HEADERS.get((name, kind, doc)) or _header(name, kind, doc)
+        append(header)
         for values, value in samples:
-            text = _go_float(value)
             if labels:
                 pairs = ",".join(f'{key}="{_label_value(label)}"' for key, label in sorted(zip(labels, values)))
-                out.append(f"{exposed}{{{pairs}}} {text}\n")
+                append(f"{exposed}{{{pairs}}} {_go_float(value)}\n")
             else:
-                out.append(f"{exposed} {text}\n")
+                append(f"{exposed} {_go_float(value)}\n")
     return "".join(out).encode("utf-8")
 
 

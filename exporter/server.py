@@ -29,6 +29,7 @@ loop: ``on_loop``, as ``/probe`` does).
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
@@ -184,7 +185,7 @@ class Prober:
         return self._counted(request, module_label(request.query), code, content_type, body)
 
     def _counted(self, request: Request, module: str, code: int, content_type: str, body: bytes) -> Response:
-        PROBES.labels(module, str(code)).inc()
+        _probes_counter(module, code).inc()
         PROBE_SECONDS.observe(time.monotonic() - request.received)
         return Response(code, content_type, body)
 
@@ -213,10 +214,12 @@ class Prober:
         def read(fetched) -> None:
             try:
                 observation = metrics_observation(taken_at, fetched, collector.options)
-                if probe_due(observation, collector.options) or collector.version_asks(observation, deadline):
+                version = collector.known_version(observation)
+                if probe_due(observation, collector.options) or collector.version_asks(observation, deadline,
+                                                                                       version):
                     reply(lambda: self._finish(request, collector, observation, started, deadline))
                 else:  # nothing more to ask: the series as they are (what _finish would give)
-                    reply(self._rendered(request, collector, observation, started, deadline))
+                    reply(self._rendered(request, collector, observation, started, deadline, version))
             except Exception:  # as BoundedHTTPServer.call: a bug is a logged 500, never an unanswered scrape
                 log.exception("/probe of %s failed", target)
                 reply(Response(500, TEXT, b"internal error (logged)\n"))
@@ -230,8 +233,8 @@ class Prober:
         return self._rendered(request, collector, observation, started, deadline)
 
     def _rendered(self, request: Request, collector: BackendCollector, observation, started: float,
-                  deadline: Deadline) -> Response:
-        body = render_series(collector.series(observation, started, deadline))
+                  deadline: Deadline, version: str | None = None) -> Response:
+        body = render_series(collector.series(observation, started, deadline, version))
         _log_probe(collector.target, collector.module, collector.last_observation, time.monotonic() - started)
         return self._counted(request, collector.module, 200, CONTENT_TYPE_LATEST, body)
 
@@ -240,9 +243,16 @@ class Prober:
         return scrape_budget(request.headers.get("x-prometheus-scrape-timeout-seconds"), self.config) / 2
 
     def overloaded(self, request: Request) -> Response:
-        PROBES.labels(module_label(request.query), "503").inc()
+        _probes_counter(module_label(request.query), 503).inc()
         return Response(503, TEXT, b"overloaded: every probe worker is busy (max_concurrent_probes); "
                                    b"not a verdict on the target\n")
+
+
+@functools.lru_cache(maxsize=64)
+def _probes_counter(module: str, code: int):
+    """``PROBES``' child for a module and code, looked up once (a handful of pairs exist: the
+    modules, plus "invalid", times the codes the exporter answers)."""
+    return PROBES.labels(module, str(code))
 
 
 def answer_probe(query: str, timeout_header: str | None, config: ExporterConfig) -> tuple[int, str, bytes]:

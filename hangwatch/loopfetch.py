@@ -39,6 +39,7 @@ MAX_LINE = 65536       # http.client's _MAXLINE
 MAX_HEADER_LINES = 100  # http.client's _MAXHEADERS (the blank line counts)
 READ_SIZE = 65536       # fetch.Client reads the body in these steps; the limit is checked at each
 RECV = 262144
+KEPT_REQUESTS = 20000   # encoded requests kept (one per target URL and API key)
 
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 
@@ -86,6 +87,7 @@ class LoopClient:
         # Every read lands here first (one thread: the loop's): a fresh 256 KiB bytes object per
         # recv() was an mmap, ~14 page faults and a munmap per reading (measured with strace/perf).
         self.landing = memoryview(bytearray(RECV))
+        self._requests: dict[tuple, bytes] = {}  # (url, headers) -> the request's bytes (KEPT_REQUESTS)
 
     @staticmethod
     def can_get(url: str) -> bool:
@@ -98,10 +100,15 @@ class LoopClient:
         if origin is None:
             raise ValueError("LoopClient reads http://IP[:port] only (see can_get)")
         host, port, family, path, netloc = origin
-        sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Host": netloc.rpartition("@")[2]}
-        sent.update(headers or {})
-        head = f"GET {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in sent.items()) + "\r\n"
-        _Get(self, host, port, family, head.encode("latin-1"), deadline, done, max_bytes).start()
+        key = (url, tuple(headers.items()) if headers else ())
+        request = self._requests.get(key)
+        if request is None:
+            request = _request_bytes(path, netloc, headers)
+            if len(url) <= 512:  # the same URLs come every scrape; a client cannot fill memory
+                while len(self._requests) >= KEPT_REQUESTS:
+                    self._requests.pop(next(iter(self._requests)))
+                self._requests[key] = request
+        _Get(self, host, port, family, request, deadline, done, max_bytes).start()
 
     def close(self) -> None:
         idle, self._idle, self._count = self._idle, OrderedDict(), 0
@@ -136,6 +143,12 @@ class LoopClient:
             self._count -= 1
             if not oldest:
                 del self._idle[oldest_origin]
+
+
+def _request_bytes(path: str, netloc: str, headers: dict[str, str] | None) -> bytes:
+    sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Host": netloc.rpartition("@")[2]}
+    sent.update(headers or {})
+    return (f"GET {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in sent.items()) + "\r\n").encode("latin-1")
 
 
 def _alive(sock: socket.socket) -> bool:
@@ -291,21 +304,27 @@ class _Get:
     # -- the answer -------------------------------------------------------------------------------
     def _head(self, data) -> None:
         """The status line and headers, line by line from a read position: the rest of the
-        buffer is never copied per line (a 55 KB page used to be copied once per header line)."""
-        buffer = self.buffer
-        buffer += data
+        buffer is never copied per line (a 55 KB page used to be copied once per header line). A
+        read that starts an answer is read where it landed (``data`` is the start of
+        ``LoopClient.landing``): the page is copied once, into the body, not first into a buffer."""
         eof = not data
+        if self.buffer or not isinstance(data, memoryview):
+            buffer = self.buffer
+            buffer += data
+            limit = len(buffer)
+        else:
+            buffer, limit = data.obj, len(data)  # the landing's bytes; ``data`` is its first ``limit``
         pos = 0
         while True:
-            end = buffer.find(b"\n", pos)
+            end = buffer.find(b"\n", pos, limit)
             if end == -1:
-                if len(buffer) - pos > MAX_LINE:
+                if limit - pos > MAX_LINE:
                     raise _BadAnswer("got more than 65536 bytes when reading "
                                      + ("status line" if self.status is None else "header line"))
                 if not eof:
-                    del buffer[:pos]  # keep the unfinished line for the next bytes
+                    self.buffer = bytearray(buffer[pos:limit])  # the unfinished line, for the next bytes
                     return
-                line, pos = bytes(buffer[pos:]), len(buffer)
+                line, pos = bytes(buffer[pos:limit]), limit
             else:
                 if end + 1 - pos > MAX_LINE + 1:
                     raise _BadAnswer("got more than 65536 bytes when reading "
@@ -323,13 +342,13 @@ class _Get:
             if line in (b"\r\n", b"\n", b""):
                 if self.status == 100:  # skip an interim 100 Continue, as http.client does
                     self.status, self.headers, self.header_lines, self.headers_ended = None, {}, 0, False
-                    if eof and pos >= len(buffer):
+                    if eof and pos >= limit:
                         self._lost(_RemoteDisconnected("Remote end closed connection without response"))
                         return
                     continue
                 self._framing()
                 self.buffer = bytearray()  # what is left of ``buffer`` is the body's
-                self._body(memoryview(buffer)[pos:], eof=eof)
+                self._body(memoryview(buffer)[pos:limit], eof=eof)
                 return
             self._header(line.decode("iso-8859-1"))
 
@@ -404,7 +423,10 @@ class _Get:
         elif self.left is not None:
             take = data[:self.left]
             extra = len(data) > len(take)
-            self.body += take
+            if not self.body and len(take) == self.left:
+                self.body = bytes(take)  # all of it at once (the usual case): one copy, kept as is
+            else:
+                self.body += take
             self.left -= len(take)
             ended = self.left == 0
             if not ended and eof:
@@ -491,7 +513,7 @@ class _Get:
     def _complete(self, clean: bool) -> None:
         elapsed = time.monotonic() - self.started
         keep = clean and not self.will_close
-        body = bytes(self.body)
+        body = bytes(self.body)  # (no copy when it is bytes already)
         if self.status >= 300:
             fetched = Fetched(HTTP_ERROR, body=body[:self.limit], http_status=self.status, error=f"HTTP {self.status}",
                               elapsed=elapsed, content_type=self._content_type())
