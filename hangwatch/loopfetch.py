@@ -215,7 +215,8 @@ class _Get:
             return
         self.sock = sock
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # No TCP_NODELAY (one syscall per reading saved): the request goes out in one send() on a
+        # fresh connection, or on an idle one whose last bytes were answered, so Nagle never holds it.
         code = sock.connect_ex((self.host, self.port))
         if code in (0, errno.EINPROGRESS, errno.EAGAIN):
             # Send at once: on loopback the handshake is done within connect(), so this saves a
