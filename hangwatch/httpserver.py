@@ -416,8 +416,11 @@ class _Connection:
             self.abort()
             return
         if sent < len(data):
+            # The client does not take its answers: no new request is read until it has (see
+            # _wait_for_head), so what is kept for it is one answer, not one per request it sends.
             self.out = data[sent:]
             self.loop.add_writer(self.fd, self._writable)
+            self._read_off()
 
     def _writable(self) -> None:
         try:
@@ -433,8 +436,8 @@ class _Connection:
         self.loop.remove_writer(self.fd)
         if self.close_when_sent:
             self.close()
-        elif not self.busy and not self.reading_head:
-            self._arm(IDLE_TIMEOUT, counted=False)  # answered and read: idle from now
+        elif not self.busy:
+            self._wait_for_head(IDLE_TIMEOUT, counted=False)  # taken: read its next request
 
     def close(self) -> None:
         """Close once what is owed is sent (at most read_timeout more: the timer aborts)."""
@@ -467,11 +470,18 @@ class _Connection:
         self.reading_head = bool(self.buffer)
         self.server.evictable[self] = None
         if self.out:  # the client has not read its last answer yet: it gets read_timeout to do so
-            timeout, counted = self.server.read_timeout, False
+            self._arm(self.server.read_timeout, counted=False)
+            return
         self._arm(self.server.read_timeout if self.buffer else timeout, counted=counted or bool(self.buffer))
         if self.keep_alive_after:
             self._read_on()
         if self.buffer:
+            # A pipelined request: taken on the loop's next round, not by recursion (hundreds of
+            # tiny requests in one read would otherwise nest a call chain per request).
+            self.loop.call_soon(self._next_request)
+
+    def _next_request(self):
+        if not self.closed and not self.busy and not self.out and self.buffer:
             self._try_request()
 
     def _try_request(self):

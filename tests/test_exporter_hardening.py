@@ -321,3 +321,53 @@ def test_a_client_that_half_closes_still_gets_its_answer(exporter_with, backend)
         while chunk := s.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 200") and b"hangwatch_up 1" in answer
+
+
+def test_pipelined_requests_are_all_answered_in_order(exporter_with):
+    """Hundreds of requests in one write (no scraper does this; a hostile client may): each
+    answered, in order, none lost to a call chain nested per request."""
+    url = exporter_with()
+    host, port = url.split("//")[1].split(":")
+    count = 400
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"".join(f"GET /nope{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(count)))
+        received = b""
+        deadline = time.monotonic() + 20
+        while received.count(b"HTTP/1.1 404") < count and time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    assert received.count(b"HTTP/1.1 404") == count
+
+
+def test_the_server_keeps_bounded_parsed_heads(monkeypatch):
+    """Each distinct request head is parsed once and kept, but never more than KEPT_HEADS of
+    them, and never one longer than MAX_KEPT_HEAD: a client cannot fill memory with heads."""
+    from hangwatch import httpserver
+    monkeypatch.setattr(httpserver, "KEPT_HEADS", 3)
+    server = httpserver.BoundedHTTPServer(("127.0.0.1", 0), {})
+    try:
+        for i in range(10):
+            server.parsed(f"GET /probe?target=http://127.0.0.1:{i} HTTP/1.1\r\nHost: x".encode())
+        assert len(server.heads) == 3
+        server.parsed(b"GET /" + b"x" * httpserver.MAX_KEPT_HEAD + b" HTTP/1.1\r\nHost: x")
+        assert all(len(head) <= httpserver.MAX_KEPT_HEAD for head in server.heads)
+        with pytest.raises(httpserver._BadRequest):
+            server.parsed(b"GARBAGE")
+        assert b"GARBAGE" not in server.heads
+    finally:
+        server.server_close()
+
+
+def test_the_loop_pool_shrinks_to_what_the_descriptor_limit_leaves(monkeypatch):
+    """A kept idle connection must never cost a probe its socket."""
+    from hangwatch.exporter import server as exporter_server
+    config = ExporterConfig()
+    monkeypatch.setattr(exporter_server.resource, "getrlimit", lambda which: (100000, 100000))
+    assert exporter_server.loop_pool_size(config) == exporter_server.LOOP_IDLE_CONNECTIONS
+    monkeypatch.setattr(exporter_server.resource, "getrlimit", lambda which: (2000, 2000))
+    room = 2000 - exporter_server._fds_besides_the_loop_pool(config)
+    assert 0 < exporter_server.loop_pool_size(config) == room < exporter_server.LOOP_IDLE_CONNECTIONS
+    monkeypatch.setattr(exporter_server.resource, "getrlimit", lambda which: (1024, 1024))
+    assert exporter_server.loop_pool_size(config) == 0
