@@ -399,8 +399,12 @@ class _Connection:
         """The client finished sending (a half-close): answer what it asked, then close."""
         self.keep_alive_after = False
         self._read_off()  # the end of the stream stays readable: watching it would spin
-        if not self.busy:
+        if not self.busy and not self._request_waiting():
             self.close()
+
+    def _request_waiting(self) -> bool:
+        """A whole request (pipelined) is buffered: it is answered before a half-close closes."""
+        return b"\r\n\r\n" in self.buffer
 
     def _send(self, data: bytes) -> None:
         if self.closed:
@@ -594,7 +598,7 @@ class _Connection:
             self._respond(response)
 
     def _respond(self, response: Response):
-        self.keep_alive = self.keep_alive and self.keep_alive_after
+        self.keep_alive = self.keep_alive and (self.keep_alive_after or self._request_waiting())
         self._send(encode(response, self.keep_alive))
         if not self.keep_alive:
             self.close()

@@ -371,3 +371,19 @@ def test_the_loop_pool_shrinks_to_what_the_descriptor_limit_leaves(monkeypatch):
     assert 0 < exporter_server.loop_pool_size(config) == room < exporter_server.LOOP_IDLE_CONNECTIONS
     monkeypatch.setattr(exporter_server.resource, "getrlimit", lambda which: (1024, 1024))
     assert exporter_server.loop_pool_size(config) == 0
+
+
+def test_a_client_that_pipelines_then_half_closes_gets_every_answer(exporter_with):
+    url = exporter_with()
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"".join(f"GET /nope{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(5)))
+        sock.shutdown(socket.SHUT_WR)
+        received = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    assert received.count(b"HTTP/1.1 404") == 5
+    assert received.count(b"Connection: close") == 1 and received.rstrip().endswith(b"not found")
