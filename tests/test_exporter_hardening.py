@@ -385,5 +385,7 @@ def test_a_client_that_pipelines_then_half_closes_gets_every_answer(exporter_wit
             if not chunk:
                 break
             received += chunk
-    assert received.count(b"HTTP/1.1 404") == 5
-    assert received.count(b"Connection: close") == 1 and received.rstrip().endswith(b"not found")
+    # Every request answered, then the connection closed (the loop above saw the end). The last
+    # answer says Connection: close only if the half-close was seen before it was sent.
+    assert received.count(b"HTTP/1.1 404") == 5 and received.rstrip().endswith(b"not found")
+    assert received.count(b"Connection: close") <= 1
