@@ -223,11 +223,11 @@ class BackendCollector:
         self.last_observation = observation
         return series_for(observation, self.module, time.monotonic() - started, version)
 
-    def version_asks(self, observation: Observation, deadline: Deadline, known: str | None = None) -> bool:
-        """True when ``families`` would send a request (the version is not known yet; ``known``:
-        what ``known_version`` said, when the caller asked it already)."""
+    def version_asks(self, observation: Observation, deadline: Deadline, known: str | None) -> bool:
+        """True when ``series`` would send a request: ``known`` (what ``known_version`` said for
+        this observation) is None and the engine has a version endpoint, with time left to ask."""
         reading = observation.reading
-        if reading is None or known or self.known_version(observation):
+        if reading is None or known:
             return False
         spec = ENGINES_BY_NAME.get(reading.engine)
         return spec is not None and spec.version_path is not None and deadline.left() >= 0.05

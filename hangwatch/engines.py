@@ -214,9 +214,11 @@ COUNTER_FIELDS = ("steps", "prompt_tokens", "generation_tokens", "prefix_cache_q
 GAUGE_FIELDS = ("kv_cache_usage",)
 
 
-def detect_engine(page: str) -> EngineMetrics | None:
-    """The engine whose marker appears on the page, or None: an unknown page is never guessed."""
+def detect_engine(page: str | bytes) -> EngineMetrics | None:
+    """The engine whose marker appears on the page (its text, or its bytes as they came), or
+    None: an unknown page is never guessed."""
+    as_bytes = isinstance(page, bytes)
     for engine in ENGINES:
-        if engine.marker in page:
+        if (engine.marker.encode("utf-8") if as_bytes else engine.marker) in page:
             return engine
     return None

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from .engines import COUNTER_FIELDS, ENGINES, ENGINES_BY_NAME, EngineMetrics, detect_engine
+from .engines import COUNTER_FIELDS, ENGINES_BY_NAME, EngineMetrics, detect_engine
 
 
 # A page is untrusted input: at most this many model names are taken from it, each cut to this
@@ -230,17 +230,11 @@ def _last_line_complete(page: str | bytes) -> bool:
     return page.endswith("\n") or bool(_COMPLETE_LINE.match(page[page.rfind("\n") + 1:]))
 
 
-def _detect(page: str | bytes) -> EngineMetrics | None:
-    if isinstance(page, bytes):
-        return next((engine for engine in ENGINES if engine.marker.encode("utf-8") in page), None)
-    return detect_engine(page)
-
-
 def parse(page: str | bytes, engine: str | None = None) -> Reading:
     """Read the normalized fields from a /metrics page — text, or its bytes as they came (the
     same reading either way; bytes are cheaper: see ``wanted_lines``) — or raise
     UnreadablePage if it can't."""
-    spec = ENGINES_BY_NAME.get(engine) if engine else _detect(page)
+    spec = ENGINES_BY_NAME.get(engine) if engine else detect_engine(page)
     if spec is not None and not spec.running:
         raise UnreadablePage(f"{spec.name} has no Prometheus page to read")
     if spec is None:
