@@ -22,6 +22,7 @@ Sample output for a busy vLLM::
     hangwatch_prefix_cache_queries_total 812.0
     hangwatch_requests_finished_total 12.0
     hangwatch_kv_cache_usage_ratio 0.031
+    hangwatch_engine_progress_fingerprint 4.012954887437951e+15
     hangwatch_process_start_time_seconds 1.7644e+09
     hangwatch_engine_asleep 0.0
     hangwatch_probe_failed 0.0
@@ -45,6 +46,7 @@ from hangwatch.modules import module as module_named
 from hangwatch.observation import TIMEOUT, Observation, Options
 from hangwatch.observe import engine_version
 from hangwatch.reading import bounded_models
+from hangwatch.verdict import progress_fingerprint
 
 _COUNTERS = (
     ("steps", "hangwatch_engine_steps", "Engine iterations (the engine's heartbeat)."),
@@ -128,6 +130,11 @@ def series_for(observation: Observation, module: str, duration: float, version: 
                          tuple(tokens))
         if reading.kv_cache_usage is not None:
             yield _gauge("hangwatch_kv_cache_usage_ratio", "KV-cache usage, 0 to 1.", reading.kv_cache_usage)
+        fingerprint = progress_fingerprint(reading)
+        if fingerprint is not None:
+            yield _gauge("hangwatch_engine_progress_fingerprint",
+                         "Changes whenever one of the engine's progress signals does (a hash of them): "
+                         "the rules' one series for engine work.", float(fingerprint))
         if reading.process_start is not None:
             yield _gauge("hangwatch_process_start_time_seconds",
                          "The backend process' start time (seconds since the epoch).", reading.process_start)

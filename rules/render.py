@@ -6,8 +6,9 @@ mean instead of how long they are at 15 s:
 - ``${scrapes:X}``: X scrape intervals (a group's ``interval:`` and the hang alert's ``for:``
   are a fifth of a scrape); scales with the scrape interval;
 - ``${wall:10m}``: wall-clock (weights load for minutes whatever the scrape interval);
-- ``${range}`` in a rule with ``readings: N``: a range holding exactly the last N readings
-  (see ``readings_expr``); ``${streak}``: two readings plus the longest scrape timeout;
+- ``${range}`` in a rule with ``readings: N``: a range holding the last N readings (exactly
+  N on schedule, more only when a scrape came more than half an interval late; see
+  ``readings_expr``); ``${streak}``: two readings plus the longest scrape timeout;
 - ``${progress}`` and ``${resets}`` in a rule with ``readings: N``: the engine's progress signals
   changing, its counters going backwards, summed per target (``signals_expr``);
 - ``- generate: engine_grace``: the per-engine minimum grace rule, built from
@@ -97,19 +98,37 @@ def format_duration(seconds: float) -> str:
 
 # --- windows --------------------------------------------------------------------------------
 
-def readings_windows(readings: int, scrape: float) -> tuple[float, float]:
-    """The two ranges whose union holds exactly the last ``readings`` readings at every instant.
+def readings_windows(readings: int, scrape: float) -> tuple[float, ...]:
+    """The ranges which between them hold the last ``readings`` readings at every instant.
 
     Readings come one scrape apart. A range of (N - 1/2) scrapes holds exactly N of them in the
     first half of each scrape interval (after the newest reading is stored) and N - 1 in the
     second; a range of (N + 1/2) scrapes holds N + 1, then N — and N while the newest scrape is
     still running (Prometheus stores a reading when its scrape ends, up to scrape_timeout after
-    its timestamp). Each range is used only where ``up`` (one sample per scrape, failed ones
-    included) shows it holds exactly N scrapes. Both edges sit half a scrape from every reading,
-    so closed (Prometheus 2) and left-open (Prometheus 3) ranges agree, and scrape jitter, the
-    rule evaluation's phase and the scrape's duration move no reading across an edge.
+    its timestamp). The short range is used where ``up`` (one sample per scrape, failed ones
+    included) shows it holds at least N scrapes, else the long one where it does: on schedule
+    that is exactly N. Both edges sit half a scrape from every reading, so closed (Prometheus 2)
+    and left-open (Prometheus 3) ranges agree, and scrape jitter, the rule evaluation's phase and
+    the scrape's duration move no reading across an edge.
+
+    A scrape more than half an interval late leaves both ranges short of N readings until it
+    comes, and with the next one on time puts two readings in one half interval, so that a range
+    holds N + 1 for a while. Asking for exactly N found no range then, for an evaluation or two:
+    a frozen server read busy in between and its hang alert fired twice (measured in CI: a 3 s
+    job scraped 1.9 s late under load). So a range is used where it holds at least N readings,
+    and decisions over three readings or more (the ones a hang rests on) have a third range,
+    N + 3/2 scrapes, used only where neither of the others holds N: while a scrape is up to one
+    and a half intervals late. On schedule the third range is never used. Where a range holds
+    more than N, a decision reads the last N readings and older ones, and each is the cautious
+    one: progress in any, a restart in any, a reading missing or not in flight in any keeps a
+    target from hung. Two-reading decisions (a restart) go without the third range: their
+    counters are the costliest to read, and a hang over the same readings is kept from hung by
+    the three-reading start-time check anyway.
     """
-    return ((readings - 1 + EDGE) * scrape, (readings + EDGE) * scrape)
+    windows = ((readings - 1 + EDGE) * scrape, (readings + EDGE) * scrape)
+    if readings >= 3:
+        windows += ((readings + 1 + EDGE) * scrape,)
+    return windows
 
 
 def readings_for(grace: float, scrape: float) -> int:
@@ -118,13 +137,13 @@ def readings_for(grace: float, scrape: float) -> int:
 
 
 def readings_expr(expr: str, readings: int, settings: Settings) -> str:
-    """``expr`` (ranges written ``${range}``) over exactly the last ``readings`` readings."""
+    """``expr`` (ranges written ``${range}``) over the last ``readings`` readings (see ``readings_windows``)."""
     parts = []
     for window in readings_windows(readings, settings.scrape_interval):
         text = format_duration(window)
         body = "\n".join("    " + line for line in expr.strip().replace("${range}", text).splitlines())
         parts.append(f"(\n{body}\n)\n  and on (job, instance) count_over_time(up{{{job_matcher(settings)}}}[{text}])"
-                     f" == {readings}")
+                     f" >= {readings}")
     return "\n or\n".join(parts) + "\n"
 
 
@@ -164,9 +183,18 @@ def signals_expr(function: str, signals, range_text: str) -> str:
     return f"sum without (kind, signal) (\n{_union(operands)}\n)\n"
 
 
+PROGRESS_FINGERPRINT = "hangwatch_engine_progress_fingerprint"
+
+
 def progress_expr(range_text: str = "${range}") -> str:
-    """Engine work over a range: any progress signal changing (or resetting), summed per target."""
-    return signals_expr("changes", PROGRESS_SIGNALS, range_text)
+    """Engine work over a range: the number of times the exporter's progress fingerprint changed.
+
+    The fingerprint (``hangwatch.verdict.progress_fingerprint``) changes whenever one of the
+    engine's progress signals does, so this is one ``changes()`` over one series per target.
+    Reading every signal instead (``signals_expr("changes", PROGRESS_SIGNALS, ...)``, the union
+    these rules used before) was the costliest part of the recording group at fleet scale;
+    tests/rules/test_signal_union.py checks that both find the same work."""
+    return f"changes({PROGRESS_FINGERPRINT}[{range_text}])\n"
 
 
 def resets_expr(range_text: str = "${range}") -> str:
@@ -334,7 +362,7 @@ def _comment(text: str, indent: str) -> str:
 
 def header(name: str, settings: Settings) -> str:
     s = settings.scrape_interval
-    lo, hi = readings_windows(3, s)
+    lo, hi, late = readings_windows(3, s)
     lines = [
         f"GENERATED by `hangwatch rules` from templates/{name}; do not edit. Settings: scrape interval "
         f"{format_duration(s)}, job=~\"{settings.job}\", exporter job=~\"{settings.exporter_job}\", "
@@ -350,16 +378,22 @@ def header(name: str, settings: Settings) -> str:
         "",
         "Windows hold readings, not seconds. A decision over the last N readings (three for no progress, two "
         "for a restart) reads two ranges: N - 1/2 scrapes and N + 1/2 scrapes "
-        f"({format_duration(lo)} and {format_duration(hi)} for three), each used only where up{{job}} - one "
-        "sample per scrape, failed ones included - shows it holds exactly N scrapes. In the first half of a "
+        f"({format_duration(lo)} and {format_duration(hi)} for three): the short one where up{{job}} - one "
+        "sample per scrape, failed ones included - shows it holds at least N scrapes, else the long one where "
+        f"it does (and for three readings or more, else N + 3/2 scrapes, {format_duration(late)} for three: "
+        "see below). In the first half of a "
         "scrape interval the short range holds the last N readings, in the second half the long one does, "
         "and while a scrape is still running (Prometheus stores a reading when its scrape ends) the long one "
         "holds the N before it. Every range edge thus sits half a scrape interval from every reading: "
         "Prometheus 2 (closed ranges) and 3 (left-open ranges) count the same readings, and neither scrape "
         "jitter, the phase of the rule evaluation nor a scrape lasting up to half the interval moves a reading "
         "across an edge. A range of exactly N scrapes would not: it holds N + 1 readings on Prometheus 2 when "
-        "an evaluation falls on a scrape's timestamp, and N - 1 while a scrape is running. After a failed "
-        "scrape no range holds N good readings until N more scrapes succeed.",
+        "an evaluation falls on a scrape's timestamp, and N - 1 while a scrape is running. A scrape more than "
+        "half an interval late (a loaded Prometheus) leaves the two ranges short of N readings until it comes "
+        "(the third range holds them, up to one and a half intervals late), and with the next one on time puts "
+        "N + 1 readings in a range for a while: a decision then reads older readings too, and stays the "
+        "cautious one (work, a restart or a gap in any of them keeps a target from hung) instead of "
+        "vanishing. After a failed scrape no range holds N good readings until N more scrapes succeed.",
         "",
         "Twice-in-a-row streaks (a failed idle probe, a stalled connection) read two scrapes plus the longest "
         f"scrape_timeout allowed (two thirds of the interval): {format_duration((2 + MAX_TIMEOUT_SHARE) * s)}; "
