@@ -16,7 +16,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.collector import render_series, series_for
+from hangwatch.exporter.collector import render_series, series_for
 from hangwatch.engines import ENGINES
 from hangwatch.observation import Observation
 from hangwatch.reading import Reading
