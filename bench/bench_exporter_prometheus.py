@@ -10,7 +10,7 @@ rule group's evaluation time (``prometheus_rule_group_last_duration_seconds``, f
 Prometheus scraping itself) and missed iterations, each rule's evaluation time (``/api/v1/rules``
 read every 2 s, one sample per evaluation: where a group's time goes), the exporter's CPU and memory.
 
-    python bench/bench_exporter_prometheus.py [--backends 1000] [--minutes 3] [--exporter-ref COMMIT] [--rules DIR]
+    python bench/bench_exporter_prometheus.py [--backends 1000] [--minutes 3] [--exporter-ref COMMIT] [--rules DIR] [--top-rules N]
 
 ``--rules DIR`` evaluates another set of rule files (e.g. an older commit's ``rules/``) instead.
 
@@ -40,7 +40,7 @@ from tests.support.ports import free_port  # noqa: E402
 from tests.support.processes import Process  # noqa: E402
 
 RULES = sorted((ROOT / "rules").glob("*.yml"))
-TOP_RULES = 6  # per group, the rules printed with their evaluation times
+TOP_RULES = 6  # per group, the rules printed with their evaluation times (--top-rules)
 
 
 def rule_name(rule: dict) -> str:
@@ -66,13 +66,13 @@ def watch_rules(base: str, seconds: float) -> dict[tuple[str, str], list[float]]
     return {key: list(by_time.values()) for key, by_time in times.items()}
 
 
-def print_rule_times(times: dict[tuple[str, str], list[float]]) -> None:
+def print_rule_times(times: dict[tuple[str, str], list[float]], top: int = TOP_RULES) -> None:
     """Per group, the costliest rules by median evaluation time (a group's rules run one after another)."""
     for group in sorted({group for group, _ in times}):
         rules = [(statistics.median(v), max(v), len(v), name) for (g, name), v in times.items() if g == group]
         total = sum(median for median, *_ in rules)
         print(f"  {group}: sum of rule medians {total * 1000:.1f} ms; costliest:")
-        for median, worst, count, name in sorted(rules, reverse=True)[:TOP_RULES]:
+        for median, worst, count, name in sorted(rules, reverse=True)[:top]:
             print(f"    {median * 1000:7.1f} ms median, {worst * 1000:7.1f} ms slowest ({count} evaluations)  {name}")
 
 
@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", type=int, default=1000)
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--exporter-ref", default=None)
+    parser.add_argument("--top-rules", type=int, default=TOP_RULES, metavar="N",
+                        help="rules printed per group, costliest first")
     parser.add_argument("--rules", type=Path, default=None, metavar="DIR",
                         help="the rule files to evaluate (default: this tree's rules/*.yml)")
     args = parser.parse_args(argv)
@@ -170,7 +172,7 @@ def main(argv=None) -> int:
                 typical = value(f"quantile_over_time(0.5, prometheus_rule_group_last_duration_seconds{selector}[{window}])")
                 print(f"rule group {group:28} interval {interval:g}s: evaluation median {typical * 1000:7.1f} ms, "
                       f"slowest {float(series['value'][1]) * 1000:7.1f} ms, missed iterations {missed:.0f}")
-            print_rule_times(rule_times)
+            print_rule_times(rule_times, args.top_rules)
             now = sample(exporter.pid)
             per_scrape = (cpu1 - cpu0) / max(1.0, succeeded) * 1000
             print(f"exporter: {(cpu1 - cpu0) / elapsed * 100:.1f}% of a core, {per_scrape:.2f} ms CPU per scrape "

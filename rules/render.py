@@ -8,7 +8,9 @@ mean instead of how long they are at 15 s:
 - ``${wall:10m}``: wall-clock (weights load for minutes whatever the scrape interval);
 - ``${range}`` in a rule with ``readings: N``: a range holding the last N readings (exactly
   N on schedule, more only when a scrape came more than half an interval late; see
-  ``readings_expr``); ``${streak}``: two readings plus the longest scrape timeout;
+  ``readings_expr``); there ``${scrapes_in_range}`` (up's count over the range) and
+  ``${readings}`` (N) let a rule keep only ranges holding N scrapes itself;
+  ``${streak}``: two readings plus the longest scrape timeout;
 - ``${progress}`` and ``${resets}`` in a rule with ``readings: N``: the engine's progress signals
   changing, its counters going backwards, summed per target (``signals_expr``);
 - ``- generate: engine_grace``: the per-engine minimum grace rule, built from
@@ -137,13 +139,24 @@ def readings_for(grace: float, scrape: float) -> int:
 
 
 def readings_expr(expr: str, readings: int, settings: Settings) -> str:
-    """``expr`` (ranges written ``${range}``) over the last ``readings`` readings (see ``readings_windows``)."""
+    """``expr`` (ranges written ``${range}``) over the last ``readings`` readings (see ``readings_windows``).
+
+    Each range's branch is kept where ``up`` shows it holds at least N scrapes. An expression
+    that reads that count itself (``${scrapes_in_range}``, with ``${readings}`` for N) keeps
+    only such ranges itself and is not wrapped: one range read of ``up`` less per range."""
     parts = []
+    def scrapes(range_text: str) -> str:
+        return f"count_over_time(up{{{job_matcher(settings)}}}[{range_text}])"
+
     for window in readings_windows(readings, settings.scrape_interval):
         text = format_duration(window)
-        body = "\n".join("    " + line for line in expr.strip().replace("${range}", text).splitlines())
-        parts.append(f"(\n{body}\n)\n  and on (job, instance) count_over_time(up{{{job_matcher(settings)}}}[{text}])"
-                     f" >= {readings}")
+        filled = (expr.strip().replace("${range}", text).replace("${scrapes_in_range}", scrapes(text))
+                  .replace("${readings}", str(readings)))
+        body = "\n".join("    " + line for line in filled.splitlines())
+        if "${scrapes_in_range}" in expr:
+            parts.append(f"(\n{body}\n)")
+        else:
+            parts.append(f"(\n{body}\n)\n  and on (job, instance) {scrapes(text)} >= {readings}")
     return "\n or\n".join(parts) + "\n"
 
 
