@@ -22,7 +22,8 @@ Sample output for a busy vLLM::
     hangwatch_prefix_cache_queries_total 812.0
     hangwatch_requests_finished_total 12.0
     hangwatch_kv_cache_usage_ratio 0.031
-    hangwatch_engine_progress_fingerprint 4.012954887437951e+15
+    hangwatch_engine_counters_total 27239.0
+    hangwatch_engine_progress_fingerprint 5.445924108713651e+15
     hangwatch_process_start_time_seconds 1.7644e+09
     hangwatch_engine_asleep 0.0
     hangwatch_probe_failed 0.0
@@ -46,7 +47,7 @@ from hangwatch.modules import module as module_named
 from hangwatch.observation import TIMEOUT, Observation, Options
 from hangwatch.observe import engine_version
 from hangwatch.reading import bounded_models
-from hangwatch.verdict import progress_fingerprint
+from hangwatch.verdict import counters_sum, progress_fingerprint
 
 _COUNTERS = (
     ("steps", "hangwatch_engine_steps", "Engine iterations (the engine's heartbeat)."),
@@ -130,6 +131,11 @@ def series_for(observation: Observation, module: str, duration: float, version: 
                          tuple(tokens))
         if reading.kv_cache_usage is not None:
             yield _gauge("hangwatch_kv_cache_usage_ratio", "KV-cache usage, 0 to 1.", reading.kv_cache_usage)
+        total = counters_sum(reading)
+        if total is not None:
+            yield _counter("hangwatch_engine_counters", "The sum of the engine's counters above: it goes back "
+                           "when a new process starts them from zero (the rules' one series for a restart "
+                           "without a start time).", total)
         fingerprint = progress_fingerprint(reading)
         if fingerprint is not None:
             yield _gauge("hangwatch_engine_progress_fingerprint",

@@ -98,6 +98,21 @@ def progress_fingerprint(reading: Reading) -> int | None:
     return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little") >> 11
 
 
+def counters_sum(reading: Reading) -> float | None:
+    """The sum of the reading's counters (None: it has none): it goes back when a new process
+    started them again from zero.
+
+    The exporter exposes it (``hangwatch_engine_counters_total``) so that the rules see "counters
+    went backwards" with one ``resets()`` per target instead of one per counter. ``same_process``
+    asks whether *any* counter went back; the sum misses a new process only when that process
+    did more work by its first reading than the old one in its whole life. The rules then see
+    engine work across the two readings (the progress fingerprint moved: counters differ), so
+    they say busy where this module says restarted, and never hung on that basis.
+    """
+    counters = reading.counters()
+    return sum(counters.values()) if counters else None
+
+
 def judge(observations: Sequence[Observation], *, grace: float = 0.0) -> Verdict:
     """The verdict the latest observation supports, given the ones before it."""
     if not observations:

@@ -98,3 +98,25 @@ def test_the_fingerprint_is_the_same_number_in_another_process_and_exact_in_a_fl
                 if line.startswith("hangwatch_engine_progress_fingerprint "))
     exposed = float(line.split()[1])
     assert exposed == here and not math.isnan(exposed)
+
+
+COUNTER = st.integers(0, 10**9).map(float)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(ENGINES_WITH_PROGRESS), st.data())
+def test_the_counters_sum_goes_back_only_for_a_new_process_and_for_every_new_process_behind_the_old(spec, data):
+    """The rules see a restart (no start time) where the sum of the counters went back: never for
+    one process (``same_process`` agrees), always when the new process' counters are each at most
+    the old ones and one is lower (a new process that has not out-worked the old one)."""
+    from hangwatch.verdict import counters_sum, same_process
+    counters = [name for name in spec.progress if name != "kv_cache_usage"]
+    old = {name: data.draw(COUNTER) for name in counters}
+    grown = {name: value + data.draw(COUNTER) for name, value in old.items()}
+    behind = {name: data.draw(st.integers(0, int(value)).map(float)) for name, value in old.items()}
+    a = reading(spec.name, old)
+    assert counters_sum(reading(spec.name, grown)) >= counters_sum(a)
+    assert same_process(a, reading(spec.name, grown))
+    if behind != old:
+        assert counters_sum(reading(spec.name, behind)) < counters_sum(a)
+        assert not same_process(a, reading(spec.name, behind))
