@@ -52,7 +52,7 @@ from hangwatch.httpserver import BoundedHTTPServer, Request, Response, Route
 from hangwatch.loopfetch import LoopClient
 from hangwatch.modules import MODULES as OBSERVERS
 from hangwatch.observation import PROBE_KINDS
-from hangwatch.observe import metrics_observation, observe_load, probe_due
+from hangwatch.observe import metrics_observation, observe_load, probe_due, read_metrics
 from hangwatch.probe import send_probe
 from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
 
@@ -238,7 +238,7 @@ class Prober:
                 deadline: Deadline) -> Response:
         """The rest of ``observe_backend`` after its /metrics read, then the series (``answer``'s)."""
         observation = observe_load(self.client, collector.target, deadline, collector.options,
-                                   read=lambda *_: observation, probe=send_probe)
+                                   read=read_metrics, probe=send_probe, first=observation)
         return self._rendered(request, collector, observation, started, deadline)
 
     def _rendered(self, request: Request, collector: BackendCollector, observation, started: float,

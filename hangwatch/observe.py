@@ -23,6 +23,7 @@ from .fetch import BROKEN, OK, REFUSED, TIMEOUT, TOO_LARGE, UNREACHABLE, Client,
 from .observation import ANSWERED, BLIND, PROBE_NONE, Observation, Options, ProbeResult
 from .probe import send_probe
 from .reading import UnreadablePage, parse
+from .verdict import progress, same_process
 
 # A load reader: (client, url, deadline, options, taken_at) -> Observation (ANSWERED with a reading, or not).
 LoadReader = Callable[[Client, str, Deadline, Options, float], Observation]
@@ -46,14 +47,42 @@ def not_answered(taken_at: float, fetched: Fetched, what: str, *, named: bool = 
     return None
 
 
+# Before an idle probe, the load is read again this long after the reading that found nothing
+# in flight. An engine's gauges count only what reached its scheduler: a request being received
+# or tokenized by the API server, or a client's next request after one finished, is not in them
+# yet (measured in the short soak: a reading with nothing in flight, and 15 ms later the probe
+# met a request in vLLM while the load had 8 open). Under a flowing load the second reading
+# shows work in flight or counters moved, and no probe goes out.
+IDLE_CONFIRM_S = 0.25
+
+
 def observe_load(client: Client, url: str, deadline: Deadline, options: Options, *,
-                 read: LoadReader, probe: Prober, clock: Callable[[], float] = time.monotonic) -> Observation:
-    """Read the load; probe only when the reading shows nothing in flight (the rule, once)."""
+                 read: LoadReader, probe: Prober, clock: Callable[[], float] = time.monotonic,
+                 first: Observation | None = None) -> Observation:
+    """Read the load; probe only when two readings ``IDLE_CONFIRM_S`` apart show nothing in
+    flight and no engine work between them (the rule, once). ``first``: the first reading, when
+    the caller has taken it already (the exporter's loop)."""
     url = url.rstrip("/")
-    observation = read(client, url, deadline, options, clock())
-    if probe_due(observation, options):
-        observation = replace(observation, probe=probe(client, url, deadline, options))
-    return observation
+    observation = first if first is not None else read(client, url, deadline, options, clock())
+    if not probe_due(observation, options):
+        return observation
+    wait = min(IDLE_CONFIRM_S, max(0.0, deadline.left() / 4))
+    time.sleep(wait)
+    again = read(client, url, deadline, options, clock())
+    if not probe_due(again, options):
+        return again  # work in flight now (busy), or the load could no longer be read
+    if moved_between(observation, again):
+        return replace(again, detail=f"nothing in flight, and the engine worked in the last {wait:.2f}s "
+                                     f"({', '.join(moved_between(observation, again))} moved): not probed")
+    return replace(again, probe=probe(client, url, deadline, options))
+
+
+def moved_between(before: Observation, after: Observation) -> list[str]:
+    """The engine's progress signals that moved between two readings of one process (the
+    verdict's own definitions of both)."""
+    if before.reading is None or after.reading is None or not same_process(before.reading, after.reading):
+        return []
+    return progress(before.reading, after.reading)
 
 
 def probe_due(observation: Observation, options: Options) -> bool:

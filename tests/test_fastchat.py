@@ -73,8 +73,9 @@ def test_idle_worker_is_asked_for_one_token_straight(server):
     result = check(server.url, module="fastchat_worker", sleep=no_sleep)
     assert result.verdict.state == "idle"
     assert result.probe_sent
-    assert [(m, p) for m, p, _, _ in server.sent] == [("POST", "/worker_get_status"), ("POST", "/worker_generate")]
-    body = server.sent[1][2]
+    # the status read twice (nothing in flight either time: hangwatch.observe.IDLE_CONFIRM_S), then one token
+    assert [(m, p) for m, p, _, _ in server.sent] == [("POST", "/worker_get_status")] * 2 + [("POST", "/worker_generate")]
+    body = server.sent[2][2]
     assert body["max_new_tokens"] == 1 and body["temperature"] == 0
     reading = result.last_reading
     assert (reading.engine, reading.in_flight, reading.models) == ("fastchat", 0, ("tiny-vicuna",))

@@ -207,7 +207,8 @@ def test_auto_probes_a_pooling_model_with_one_embedding(backend):
     idle_vllm(backend, completions=404)
     result = check(backend.url, interval=0.01, timeout=2)
     assert (result.verdict.state, result.last_probe.kind, result.last_probe.outcome) == ("idle", "embedding", "answered")
-    assert [p for _, p, _, _ in backend.sent] == ["/metrics", "/v1/models", "/v1/completions", "/v1/embeddings"]
+    assert [p for _, p, _, _ in backend.sent] == ["/metrics", "/metrics", "/v1/models", "/v1/completions",
+                                                  "/v1/embeddings"]
     assert backend.sent[-1][2] == {"model": "tiny-llama", "input": "ping"}
 
 

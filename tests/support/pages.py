@@ -21,6 +21,7 @@ class Page:
     content_type: str = "text/plain; version=0.0.4"
     chunks: object = None      # an iterable of bytes, sent chunked (for huge pages)
     silent: bool = False       # accept, read the request, never answer
+    next: "Page | None" = None  # served instead from the next request on (a page that changes)
 
 
 class PageServer:
@@ -51,6 +52,8 @@ class PageServer:
                 page = server.pages.get(self.path)
                 if page is None:
                     page = Page(b"not found", 404)
+                elif page.next is not None:
+                    server.pages[self.path] = page.next
                 if page.silent:
                     server._release.wait(30)
                     return
