@@ -71,9 +71,10 @@ def observe_load(client: Client, url: str, deadline: Deadline, options: Options,
     again = read(client, url, deadline, options, clock())
     if not probe_due(again, options):
         return again  # work in flight now (busy), or the load could no longer be read
-    if moved_between(observation, again):
+    moved = moved_between(observation, again)
+    if moved:
         return replace(again, detail=f"nothing in flight, and the engine worked in the last {wait:.2f}s "
-                                     f"({', '.join(moved_between(observation, again))} moved): not probed")
+                                     f"({', '.join(moved)} moved): not probed")
     return replace(again, probe=probe(client, url, deadline, options))
 
 

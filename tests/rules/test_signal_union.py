@@ -91,17 +91,24 @@ PROGRESS_RUNS = {
 TIMES = [f"{15 * i}s" for i in range(2, 12)]
 
 
+def agree_with_the_chain(tmp_path, name: str, shipped: str, chained: str, runs: dict, times, counts) -> None:
+    """``shipped`` and ``chained``, recorded as ``shipped:NAME`` and ``chain:NAME`` over what the
+    exporter exposes for ``runs``, are > 0 for the same targets at every one of ``times``; and
+    ``counts`` ((expression over shipped:NAME, time, expected count), ...) show the comparison
+    is not vacuous."""
+    rules = [{"record": f"shipped:{name}", "expr": shipped}, {"record": f"chain:{name}", "expr": chained}]
+    checks = [{"expr": same(f"(shipped:{name} > bool 0)", f"(chain:{name} > bool 0)"), "eval_time": t,
+               "exp_samples": []} for t in times]
+    checks += [{"expr": f"count(shipped:{name} {test})", "eval_time": t, "exp_samples": [{"value": value}]}
+               for test, t, value in counts]
+    promtool(tmp_path, rules, reading_series(runs), checks)
+
+
 def test_the_progress_fingerprint_finds_work_exactly_where_the_signal_chain_does(tmp_path):
-    rules = [{"record": "shipped:progress", "expr": progress_expr(RANGE)},
-             {"record": "chain:progress", "expr": chain("changes", PROGRESS_SIGNALS)}]
-    checks = [{"expr": same("(shipped:progress > bool 0)", "(chain:progress > bool 0)"), "eval_time": t,
-               "exp_samples": []} for t in TIMES]
     # Not vacuous: work and none both occur. At 45 s (readings 1-3) only l1 and g1 moved; at
     # 165 s (readings 9-11) v1 (a counter reset) and l1 did.
-    checks.append({"expr": "count(shipped:progress == 0)", "eval_time": "45s", "exp_samples": [{"value": 3}]})
-    checks.append({"expr": "count(shipped:progress > 0)", "eval_time": "165s", "exp_samples": [{"value": 2}]})
-    checks.append({"expr": "count(shipped:progress == 0)", "eval_time": "165s", "exp_samples": [{"value": 3}]})
-    promtool(tmp_path, rules, reading_series(PROGRESS_RUNS), checks)
+    agree_with_the_chain(tmp_path, "progress", progress_expr(RANGE), chain("changes", PROGRESS_SIGNALS),
+                         PROGRESS_RUNS, TIMES, [("== 0", "45s", 3), ("> 0", "165s", 2), ("== 0", "165s", 3)])
 
 
 # Restarts: a new process starts every counter again from zero. r1 restarts idle (zeros), r2
@@ -123,14 +130,7 @@ RESTART_RUNS = {
 
 
 def test_the_counters_sum_sees_a_restart_exactly_where_the_counter_chain_does(tmp_path):
-    rules = [{"record": "shipped:resets", "expr": resets_expr(RANGE)},
-             {"record": "chain:resets", "expr": chain("resets", COUNTER_SIGNALS)}]
-    times = [f"{15 * i}s" for i in range(1, 8)]
-    checks = [{"expr": same("(shipped:resets > bool 0)", "(chain:resets > bool 0)"), "eval_time": t,
-               "exp_samples": []} for t in times]
     # Not vacuous. At 45 s (readings 1-3) r1, r2 and r5 restarted inside the range; at 60 s
     # (readings 2-4) r2, r3 and r5 (r1's restart is now before the range); at 105 s none.
-    checks.append({"expr": "count(shipped:resets > 0)", "eval_time": "45s", "exp_samples": [{"value": 3}]})
-    checks.append({"expr": "count(shipped:resets > 0)", "eval_time": "60s", "exp_samples": [{"value": 3}]})
-    checks.append({"expr": "count(shipped:resets == 0)", "eval_time": "105s", "exp_samples": [{"value": 5}]})
-    promtool(tmp_path, rules, reading_series(RESTART_RUNS), checks)
+    agree_with_the_chain(tmp_path, "resets", resets_expr(RANGE), chain("resets", COUNTER_SIGNALS), RESTART_RUNS,
+                         [f"{15 * i}s" for i in range(1, 8)], [("> 0", "45s", 3), ("> 0", "60s", 3), ("== 0", "105s", 5)])
