@@ -10,9 +10,9 @@ never credentials, a query or a fragment), and listening beyond loopback needs
 ``allow_targets`` or an explicit ``allow_any_target: true`` (exit 64 at start-up otherwise).
 
 It serves thousands of backends from one process (bench/bench_exporter_scale.py): the
-server is ``hangwatch.httpserver.BoundedHTTPServer`` (one event loop for every connection,
+server is ``hangwatch.exporter.httpserver.BoundedHTTPServer`` (one event loop for every connection,
 at most ``max_concurrent_probes`` probes at once); a busy backend's probe is read, parsed and
-rendered on that loop (``Prober.on_loop``, ``hangwatch.loopfetch``: no thread hand-off), the
+rendered on that loop (``Prober.on_loop``, ``hangwatch.exporter.loopfetch``: no thread hand-off), the
 rest on worker threads; a probe reuses an idle keep-alive connection, an engine's version is
 asked once per process (``reuse.VersionCache``), and the text format is rendered directly
 (``collector.render_series``).
@@ -46,19 +46,20 @@ from urllib.parse import parse_qs
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from hangwatch import __version__, evloop, logs
+from hangwatch import __version__, logs
 from hangwatch.fetch import Client, Deadline
-from hangwatch.httpserver import BoundedHTTPServer, Request, Response, Route
-from hangwatch.loopfetch import LoopClient
 from hangwatch.modules import MODULES as OBSERVERS
 from hangwatch.observation import PROBE_KINDS
 from hangwatch.observe import metrics_observation, observe_load, probe_due, read_metrics
 from hangwatch.probe import send_probe
 from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
 
+from . import evloop
 from .collector import BackendCollector, render_series
 from .config import ExporterConfig, load_exporter_config
 from .health import answer_health, shared_checks
+from .httpserver import BoundedHTTPServer, Request, Response, Route
+from .loopfetch import LoopClient
 from .reuse import VersionCache
 
 # Idle keep-alive connections kept to the backends (LRU): the same backends are read every
@@ -200,7 +201,7 @@ class Prober:
 
     def on_loop(self, request: Request, reply) -> None:
         """A busy backend's probe without a thread: its /metrics read on the server's loop
-        (``hangwatch.loopfetch``), parsed and rendered there. Anything that would block — the
+        (``hangwatch.exporter.loopfetch``), parsed and rendered there. Anything that would block — the
         idle probe, the engine's version not yet known, a host name to resolve, TLS, another
         module — is handed to a worker, which does what ``route`` does from where this stopped."""
         asked = self.asked(request.query)

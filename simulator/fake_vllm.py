@@ -47,7 +47,7 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from hangwatch.httpserver import QuietThreadingHTTPServer
+from .quiet import QuietThreadingHTTPServer
 from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address, secret_file
 
 from . import page as simulator_page

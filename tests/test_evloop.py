@@ -1,4 +1,4 @@
-"""``hangwatch.evloop``: the exporter server's loop keeps the promises asyncio's made it.
+"""``hangwatch.exporter.evloop``: the exporter server's loop keeps the promises asyncio's made it.
 
 Timers fire in order and never once cancelled; a call from another thread wakes a sleeping
 loop at once; a descriptor watched for reading and writing gets both; a callback that raises
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hangwatch.evloop import Loop, running
+from hangwatch.exporter.evloop import Loop, running
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_a_callback_that_raises_is_logged_and_the_loop_goes_on(loop, caplog):
     after = []
     loop.call_soon(lambda: 1 / 0)
     loop.call_later(0.01, after.append, "still running")
-    with caplog.at_level(logging.ERROR, logger="hangwatch.evloop"):
+    with caplog.at_level(logging.ERROR, logger="hangwatch.exporter.evloop"):
         run_for(loop, 0.05)
     assert after == ["still running"]
     assert "ZeroDivisionError" in caplog.text

@@ -164,7 +164,7 @@ def test_bad_config_file_fails_before_binding(tmp_path):
 
 
 def test_a_client_hanging_up_is_not_an_error(capsys):
-    from hangwatch.httpserver import QuietThreadingHTTPServer
+    from hangwatch.simulator.quiet import QuietThreadingHTTPServer
     server = QuietThreadingHTTPServer(("127.0.0.1", 0), object)
     try:
         try:

@@ -344,7 +344,7 @@ def test_pipelined_requests_are_all_answered_in_order(exporter_with):
 def test_the_server_keeps_bounded_parsed_heads(monkeypatch):
     """Each distinct request head is parsed once and kept, but never more than KEPT_HEADS of
     them, and never one longer than MAX_KEPT_HEAD: a client cannot fill memory with heads."""
-    from hangwatch import httpserver
+    from hangwatch.exporter import httpserver
     monkeypatch.setattr(httpserver, "KEPT_HEADS", 3)
     server = httpserver.BoundedHTTPServer(("127.0.0.1", 0), {})
     try:

@@ -1,4 +1,4 @@
-"""``hangwatch.loopfetch`` reads a backend on the event loop exactly as ``fetch.Client`` does on a
+"""``hangwatch.exporter.loopfetch`` reads a backend on the event loop exactly as ``fetch.Client`` does on a
 thread: the same ending for every answer a server can give (compared byte for byte on raw
 answers), the same single deadline against servers that drip, and keep-alive reuse."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hangwatch.fetch import OK, REFUSED, TIMEOUT, Client, Deadline
-from hangwatch.loopfetch import LoopClient
+from hangwatch.exporter.loopfetch import LoopClient
 from tests.support.hostile import HostileServer, SocketServer
 from tests.support.pages import Page, PageServer
 

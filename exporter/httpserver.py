@@ -1,12 +1,11 @@
-"""HTTP servers for hangwatch's own faces: one that holds up under load and hostile peers,
-and a plain threading one for the simulator.
+"""The exporter's HTTP server: one that holds up under load and hostile peers.
 
 ``BoundedHTTPServer`` is what the exporter runs. A thread per connection (the standard
 library's server) lets any client hold a thread for as long as it likes by sending its
 request slowly, and its listen backlog of 5 drops connections when a Prometheus restart
 scrapes a thousand targets at once. Here instead:
 
-- one event loop (``hangwatch.evloop``: non-blocking sockets on epoll) reads every
+- one event loop (``hangwatch.exporter.evloop``: non-blocking sockets on epoll) reads every
   connection, so a half-open or idle connection costs a socket and a few kilobytes, never a
   thread; a request head must arrive within ``read_timeout``
   and fit in ``MAX_HEAD_BYTES``, an idle keep-alive connection is closed after
@@ -38,14 +37,13 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import ThreadingHTTPServer
 from types import MappingProxyType
 from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
 from .evloop import Loop
 
-log = logging.getLogger("hangwatch.httpserver")
+log = logging.getLogger("hangwatch.exporter.httpserver")
 
 MAX_HEAD_BYTES = 16384      # request line and headers; Prometheus sends ~300 bytes
 MAX_HEADERS = 100
@@ -632,19 +630,3 @@ def _call_soon(loop: Loop, callback, *args) -> None:
         loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:  # the loop is closed: the server has stopped, nobody waits for this
         pass
-
-
-class QuietThreadingHTTPServer(ThreadingHTTPServer):
-    """The standard threading server, treating a client hanging up as normal, not as an error.
-
-    Prometheus gives up on a slow scrape and tests close connections early; the standard
-    server prints a traceback for each broken pipe, which buries the logs worth reading.
-    Used by the simulator; the exporter runs ``BoundedHTTPServer``.
-    """
-
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)):
-            return
-        super().handle_error(request, client_address)

@@ -7,8 +7,8 @@ event, the ready queue, a context per callback, the selector's key objects); her
 descriptor is one dict look-up and one call. Measured with the same exporter work on both
 (bench/bench_exporter_scale.py's spread shape): about 0.1 ms of CPU less per scrape.
 
-What it offers is the part of asyncio's loop API that ``hangwatch.httpserver`` and
-``hangwatch.loopfetch`` use — ``add_reader``/``remove_reader``, ``add_writer``/
+What it offers is the part of asyncio's loop API that ``hangwatch.exporter.httpserver`` and
+``hangwatch.exporter.loopfetch`` use — ``add_reader``/``remove_reader``, ``add_writer``/
 ``remove_writer``, ``call_at``/``call_later``/``call_soon`` (each returning something with
 ``cancel()``), ``call_soon_threadsafe``, ``time()`` — so ``loopfetch`` runs on either loop.
 Everything but ``call_soon_threadsafe`` and ``stop_threadsafe`` is for the loop's own thread.
@@ -27,7 +27,7 @@ import threading
 import time
 from itertools import count
 
-log = logging.getLogger("hangwatch.evloop")
+log = logging.getLogger("hangwatch.exporter.evloop")
 
 _READ = select.EPOLLIN
 _WRITE = select.EPOLLOUT

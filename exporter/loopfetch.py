@@ -32,7 +32,7 @@ from collections import OrderedDict
 from typing import Callable
 from urllib.parse import urlsplit
 
-from .fetch import (BROKEN, HTTP_ERROR, MAX_ERROR_BODY, MAX_PAGE_BYTES, OK, REFUSED, TIMEOUT, TOO_LARGE,
+from hangwatch.fetch import (BROKEN, HTTP_ERROR, MAX_ERROR_BODY, MAX_PAGE_BYTES, OK, REFUSED, TIMEOUT, TOO_LARGE,
                     UNREACHABLE, USER_AGENT, Deadline, Fetched)
 
 MAX_LINE = 65536       # http.client's _MAXLINE
