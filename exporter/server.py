@@ -4,10 +4,13 @@ The blackbox_exporter pattern: each ``/probe`` reads its one target afresh, so n
 shared between scrapes or between Prometheus replicas. A bad request is 400, a target
 outside the allowlist 403; a failing target is still 200 with ``hangwatch_up 0``.
 
-``/probe`` sends requests wherever it is told, so it is no open relay: a target is
-``scheme://host[:port]`` only (a base path only when that exact URL is in ``allow_targets``;
-never credentials, a query or a fragment), and listening beyond loopback needs
-``allow_targets`` or an explicit ``allow_any_target: true`` (exit 64 at start-up otherwise).
+``/probe`` sends requests wherever it is told, so it is no open relay: its query is read by
+the one validator of every such route (``query.asked``): a target is ``scheme://host[:port]``
+only (a base path only when that exact URL is in ``allow_targets``; never credentials, a
+query or a fragment), and a query may narrow what the config allows for a target, never
+widen it. Listening beyond loopback needs ``allow_targets`` or an explicit
+``allow_any_target: true`` (exit 64 at start-up otherwise), and an API key goes only to the
+URLs the config lists (``ExporterConfig.options_for``).
 
 It serves thousands of backends from one process (bench/bench_exporter_scale.py): the
 server is ``hangwatch.exporter.httpserver.BoundedHTTPServer`` (one event loop for every connection,
