@@ -130,19 +130,29 @@ def test_both_clients_end_an_endless_trailer_the_same_way(endless, client):
     assert fetched.error == "answer broken off: got more than 65536 bytes when reading trailer line"
 
 
-def test_a_trailer_line_of_exactly_the_limit_is_read_as_http_client_reads_it(endless):
+def answer_with(where: str, line: bytes) -> bytes:
+    """An answer with ``line`` as its header, chunk-size or trailer line."""
+    if where == "header":
+        return b"HTTP/1.1 200 OK\r\n" + line + b"Content-Length: 5\r\n\r\nhello"
+    if where == "chunk size":
+        return CHUNKED + line + b"hello\r\n0\r\n\r\n"
+    return CHUNKED + b"5\r\nhello\r\n0\r\n" + line + b"\r\n"
+
+
+@pytest.mark.parametrize("where", ["header", "chunk size", "trailer"])
+def test_a_line_of_exactly_the_limit_is_read_as_http_client_reads_it(where):
     """64 KiB including its newline is allowed, one byte more is not: as ``http.client``."""
-    for size, status in ((65536, OK), (65537, "broken")):
-        line = b"X: " + b"y" * (size - 5) + b"\r\n"
+    for size, ok in ((65536, True), (65537, False)):
+        start = b"5;x=" if where == "chunk size" else b"X: "
+        line = start + b"y" * (size - len(start) - 2) + b"\r\n"
         assert len(line) == size
-        answer = CHUNKED + b"5\r\nhello\r\n0\r\n" + line + b"\r\n"
-        server = EndlessOnce(answer)
+        server = EndlessOnce(answer_with(where, line))
         try:
             got = [loop_get(server.url + "/metrics", Deadline.after(5)),
                    blocking_get(server.url + "/metrics", Deadline.after(5))]
         finally:
             server.stop()
-        assert [f.status for f in got] == [status, status], (size, got)
+        assert [(f.status == OK, f.body) for f in got] == [(ok, b"hello" if ok else b"")] * 2, (size, got)
 
 
 class EndlessOnce(SocketServer):
