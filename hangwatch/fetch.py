@@ -43,7 +43,7 @@ MAX_ERROR_BODY = 2048
 USER_AGENT = "hangwatch"
 
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux
-RESOLVER_THREADS = 8  # host names resolved at once; more wait (within their own budgets)
+RESOLVER_THREADS = 16  # host names resolved at once; more wait in line (within their own budgets)
 
 # Why a fetch produced no page.
 OK, REFUSED, UNREACHABLE, TIMEOUT, HTTP_ERROR, TOO_LARGE, BROKEN = (
