@@ -119,7 +119,7 @@ class Prober:
         self.client = Client(max_idle=IDLE_CONNECTIONS)
         self.loop_client: LoopClient | None = None  # made on the server's loop, on its first probe
         self.versions = VersionCache()
-        self.queries: dict[str, tuple] = {}   # asked(): /probe query -> its parsed, checked meaning
+        self.queries: dict[str, Asked] = {}   # asked(): /probe query -> its parsed, checked meaning
         self._queries_lock = threading.Lock()
 
     def asked(self, query: str) -> Asked | tuple[int, str, bytes]:
@@ -165,7 +165,9 @@ class Prober:
         waited = time.monotonic() - request.received
         code, content_type, body = self.answer(
             request.query, request.headers.get("x-prometheus-scrape-timeout-seconds"), waited)
-        return self._counted(request, module_label(request.query), code, content_type, body)
+        asked = self.asked(request.query)  # (kept: no second reading of the query)
+        module = asked.module if isinstance(asked, Asked) else module_label(request.query)
+        return self._counted(request, module, code, content_type, body)
 
     def _counted(self, request: Request, module: str, code: int, content_type: str, body: bytes) -> Response:
         _probes_counter(module, code).inc()

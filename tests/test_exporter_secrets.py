@@ -200,12 +200,19 @@ def test_a_query_may_turn_a_configured_probe_off(exporter, configured):
 
 def test_a_query_without_module_reads_the_target_with_its_configured_one(exporter, configured):
     url = exporter(exporter_config({"targets": [{"url": configured.url, "module": "proxy"}]}))
+    counted = proxy_probes_answered(url)
     answer = ask(url, "/probe", {"target": configured.url})
     assert answer.status_code == 200
     assert 'module="proxy"' in answer.text
+    assert proxy_probes_answered(url) == counted + 1  # counted under the module it was read with
     assert [path for _, path, _, _ in configured.sent] == ["/v1/models"]
     assert ask(url, "/probe", {"target": configured.url, "module": "proxy"}).status_code == 200
     assert ask(url, "/probe", {"target": configured.url, "module": "backend"}).status_code == 403
+
+
+def proxy_probes_answered(url: str) -> float:
+    own = samples(requests.get(url + "/metrics", timeout=10).text)
+    return own.get(("hangwatch_exporter_probes_total", (("code", "200"), ("module", "proxy"))), 0.0)
 
 
 @pytest.mark.parametrize("configured_kind, query, kind", [
