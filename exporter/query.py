@@ -1,19 +1,12 @@
 """The one reading of a ``/probe``, ``/livez`` or ``/readyz`` query: which target, how, or why not.
 
-Each of those routes makes the exporter send requests — with an API key, perhaps — to the
-URL a client names, so each must say no the same way: ``/livez`` once kept its own copy of
-these checks and drifted (it echoed ``user:password@`` back in its 400). Here, once:
-
-- ``target`` is ``http(s)://HOST[:PORT]`` (a base path only for that exact URL in
-  ``allow_targets``); nothing of what was sent is echoed back (400 says what is wrong, not
-  what it was);
-- ``module`` is a known module (400), and one the config allows for the target (403): a
-  target in ``targets:`` is read with its ``module`` only;
-- ``probe`` is a known kind (400), and can only narrow the configured one (``probe: none``
-  stays none) — ``ExporterConfig.options_for``;
-- the target is in ``allow_targets`` when there is one (403).
-
-A query may narrow what the config allows for a target, never widen it.
+Each of those routes sends requests — with an API key, perhaps — to the URL a client names,
+so each must say no alike: ``/livez`` once kept its own copy of these checks and drifted (it
+echoed ``user:password@`` back). Here, once: a target of the form ``http(s)://HOST[:PORT]``
+(a base path only for that exact URL in ``allow_targets``), a known module and probe kind
+(else 400, which says what is wrong and never repeats what was sent), a target inside
+``allow_targets`` and a module the config allows for it (else 403). A query may narrow what
+the config allows for a target, never widen it (``ExporterConfig.options_for``).
 """
 from __future__ import annotations
 

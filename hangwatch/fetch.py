@@ -19,7 +19,7 @@ its own; a resolver that hangs once held a reading for as long as it liked), and
 address is then tried with what is left, not a fresh timeout each. A host name that is no
 valid name (a label over 63 characters, ``a..b``) is a failed reading, not an exception. TLS
 uses one context per process (``tls_context``), built once: building one reads the system's
-CA store, ~28 ms of CPU, which was paid on every new HTTPS connection.
+CA store, too much work to repeat for every new connection.
 """
 from __future__ import annotations
 
