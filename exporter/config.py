@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangwatch import liveness
-from hangwatch.observation import PROBE_AUTO, PROBE_KINDS, Options
+from hangwatch.modules import MODULES
+from hangwatch.observation import PROBE_AUTO, PROBE_KINDS, PROBE_NONE, Options
 from hangwatch.settings import (ConfigError, boolean, duration, http_url, load_yaml, mapping, optional_duration,
                                 secret_file, show)
 
@@ -22,11 +23,13 @@ KEYS = {"timeout", "timeout_offset", "allow_targets", "allow_any_target", "max_c
 
 @dataclass(frozen=True)
 class TargetSettings:
-    """How to read one backend URL: its own API key (from a file) and what the idle probe asks."""
+    """How to read one backend URL: its own API key (from a file), what the idle probe asks, and
+    the one module it is read with (a query naming another is refused)."""
 
     url: str
     api_key: str | None = field(default=None, repr=False)  # never printed
     probe: str | None = None  # None: the default (auto)
+    module: str = "backend"
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class ExporterConfig:
     max_concurrent_probes: int = 64  # probes read at once (on the loop or threads); more wait, then 503
     max_connections: int = 1024     # client connections open at once
     read_timeout: float = 5.0       # a request head must arrive within this
-    api_key: str | None = field(default=None, repr=False)  # api_key_file: the default for every target
+    api_key: str | None = field(default=None, repr=False)  # api_key_file: the default, for allow_targets only
     targets: tuple[TargetSettings, ...] = ()
     # The bounded check behind /livez and /readyz (hangwatch.liveness).
     liveness_interval: float = liveness.INTERVAL
@@ -52,12 +55,36 @@ class ExporterConfig:
     def allows(self, target: str) -> bool:
         return not self.allow_targets or target.rstrip("/") in self._allowed
 
-    def options_for(self, target: str, probe: str | None = None) -> Options:
-        """The API key (the target's own, else the default) and probe kind for one target URL."""
+    def module_for(self, target: str) -> str | None:
+        """The module ``targets:`` sets for this URL; None: not in ``targets:`` (any module)."""
         settings = self._settings.get(target.rstrip("/"))
-        api_key = settings.api_key if settings and settings.api_key else self.api_key
-        kind = probe or (settings.probe if settings and settings.probe else PROBE_AUTO)
-        return Options(api_key=api_key, probe=kind)
+        return settings.module if settings else None
+
+    def options_for(self, target: str, probe: str | None = None) -> Options:
+        """The API key and probe kind for one target URL; ``probe`` (a query's) may only narrow it.
+
+        A key goes only where the config lists: the target's own to its exact URL in
+        ``targets:``, the default to URLs in ``allow_targets`` (``exporter_config`` refuses a
+        default key without them)."""
+        target = target.rstrip("/")
+        settings = self._settings.get(target)
+        if settings and settings.api_key:
+            api_key = settings.api_key
+        else:
+            api_key = self.api_key if target in self._allowed else None
+        configured = settings.probe if settings and settings.probe else PROBE_AUTO
+        return Options(api_key=api_key, probe=narrowed_probe(configured, probe))
+
+
+def narrowed_probe(configured: str, asked: str | None) -> str:
+    """The probe kind when the config says ``configured`` and a query asks ``asked``: a query may
+    turn the probe off or pick one of what ``auto`` may send, never turn on what the config did
+    not (``none`` stays none, ``embedding`` stays embedding)."""
+    if asked is None or asked == configured or configured == PROBE_NONE:
+        return configured
+    if asked == PROBE_NONE or configured == PROBE_AUTO:
+        return asked
+    return configured
 
 
 def _count(data, key: str, default: int, low: int, high: int) -> int:
@@ -76,11 +103,18 @@ def probe_kind(value: Any, path: str) -> str:
 
 
 def _target_settings(raw: Any, path: str) -> TargetSettings:
-    data = mapping(raw, path, {"url", "api_key_file", "probe"}, required={"url"})
+    data = mapping(raw, path, {"url", "api_key_file", "probe", "module"}, required={"url"})
     return TargetSettings(
         url=http_url(data["url"], f"{path}.url", allow_path=True),
         api_key=secret_file(data["api_key_file"], f"{path}.api_key_file") if "api_key_file" in data else None,
-        probe=probe_kind(data["probe"], f"{path}.probe") if "probe" in data else None)
+        probe=probe_kind(data["probe"], f"{path}.probe") if "probe" in data else None,
+        module=module_name(data["module"], f"{path}.module") if "module" in data else "backend")
+
+
+def module_name(value: Any, path: str) -> str:
+    if value not in MODULES:
+        raise ConfigError(f"{path}: {show(value)} is not one of {', '.join(MODULES)}")
+    return value
 
 
 def exporter_config(data: Any) -> ExporterConfig:
@@ -102,7 +136,7 @@ def exporter_config(data: Any) -> ExporterConfig:
         raise ConfigError("allow_targets: expected a list of URLs")
     settings = data.get("targets", [])
     if not isinstance(settings, list):
-        raise ConfigError("targets: expected a list of {url, api_key_file, probe}")
+        raise ConfigError("targets: expected a list of {url, api_key_file, probe, module}")
     settings = tuple(_target_settings(t, f"targets[{i}]") for i, t in enumerate(settings))
     seen: dict[str, int] = {}
     for i, target in enumerate(settings):
@@ -115,16 +149,22 @@ def exporter_config(data: Any) -> ExporterConfig:
     problem = liveness.budget_error(interval, check_timeout, budget)
     if problem:
         raise ConfigError(f"liveness_budget: {problem}")
+    allow_targets = tuple(http_url(t, f"allow_targets[{i}]", allow_path=True) for i, t in enumerate(targets))
+    api_key = secret_file(data["api_key_file"], "api_key_file") if "api_key_file" in data else None
+    if api_key is not None and not allow_targets:
+        raise ConfigError("api_key_file: a default API key needs allow_targets (the URLs it may be sent to); "
+                          "without them any URL a client names would get it. List the backends in "
+                          "allow_targets, or give each its own key in targets[].api_key_file")
     return ExporterConfig(
         timeout=timeout,
         timeout_offset=offset,
-        allow_targets=tuple(http_url(t, f"allow_targets[{i}]", allow_path=True) for i, t in enumerate(targets)),
+        allow_targets=allow_targets,
         allow_any_target=boolean(data["allow_any_target"], "allow_any_target")
         if "allow_any_target" in data else defaults.allow_any_target,
         max_concurrent_probes=_count(data, "max_concurrent_probes", defaults.max_concurrent_probes, 1, 4096),
         max_connections=_count(data, "max_connections", defaults.max_connections, 16, 1_000_000),
         read_timeout=read_timeout,
-        api_key=secret_file(data["api_key_file"], "api_key_file") if "api_key_file" in data else None,
+        api_key=api_key,
         targets=settings,
         liveness_interval=interval,
         liveness_timeout=check_timeout,

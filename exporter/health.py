@@ -8,8 +8,9 @@ router asking too — share one check instead of each sending its own idle probe
 second check of a target starts while one is still running. Nothing is kept once a check
 has answered, so two exporters (or a restarted one) answer alike.
 
-The target is validated and held to ``allow_targets`` exactly as ``/probe`` is (400, 403):
-the exporter is not an open relay. The body is one JSON object (the check's own
+The query is read by the same validator as ``/probe``'s (``exporter/query.py``: 400, 403; a
+query may narrow what the config allows for a target, never widen it): the exporter is not
+an open relay, and a check uses the target's key only where the config sends it. The body is one JSON object (the check's own
 ``hangwatch check --json`` fields plus the decision), for people and routers; a kubelet
 reads only the status.
 """
@@ -21,16 +22,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-from urllib.parse import parse_qs
 
 from prometheus_client import Counter
 
 from hangwatch import liveness
 from hangwatch.liveness import Bounded
-from hangwatch.modules import MODULES as OBSERVERS
-from hangwatch.settings import ConfigError, http_url
+from hangwatch.observation import Options
 
 from .config import ExporterConfig
+from .query import Refused, asked
 
 log = logging.getLogger("hangwatch.exporter")
 
@@ -50,17 +50,17 @@ class _Running:
 
 
 class SharedChecks:
-    """At most one bounded check per (target, module) at a time; callers meanwhile share it."""
+    """At most one bounded check per (target, module, options) at a time; callers meanwhile share it."""
 
-    def __init__(self, run: Callable[[str, str], Bounded], budget: float,
+    def __init__(self, run: Callable[[str, str, Options], Bounded], budget: float,
                  clock: Callable[[], float] = time.monotonic):
         self._run, self._budget, self._clock = run, budget, clock
         self._lock = threading.Lock()
         self._running: dict[tuple[str, str], _Running] = {}
 
-    def result(self, target: str, module: str) -> tuple[Bounded | None, bool]:
+    def result(self, target: str, module: str, options: Options = Options()) -> tuple[Bounded | None, bool]:
         """The check's outcome (None: not finished by its deadline) and whether it was shared."""
-        key = (target, module)
+        key = (target, module, options)
         with self._lock:
             running = self._running.get(key)
             shared = running is not None
@@ -72,7 +72,7 @@ class SharedChecks:
         running.done.wait(max(0.0, running.deadline - self._clock()))
         return running.outcome, shared
 
-    def _check(self, key: tuple[str, str], running: _Running) -> None:
+    def _check(self, key: tuple[str, str, Options], running: _Running) -> None:
         try:
             running.outcome = self._run(*key)
         except Exception:  # noqa: BLE001 - a broken check is "no verdict", never a crashed answer
@@ -84,40 +84,22 @@ class SharedChecks:
 
 
 def shared_checks(config: ExporterConfig) -> SharedChecks:
-    def run(target: str, module: str) -> Bounded:
-        options = config.options_for(target)  # the target's own API key and probe kind, as /probe
+    def run(target: str, module: str, options: Options) -> Bounded:
         return liveness.bounded_check(target, module=module, interval=config.liveness_interval,
                                       timeout=config.liveness_timeout, budget=config.liveness_budget,
                                       api_key=options.api_key, probe=options.probe)
     return SharedChecks(run, config.liveness_budget)
 
 
-def validated(query: str, config: ExporterConfig) -> tuple[int, str, str]:
-    """(0, target, module) for a good request; else (HTTP code, message, "")."""
-    params = parse_qs(query, keep_blank_values=True)
-    targets, modules = params.get("target", []), params.get("module", ["backend"])
-    if len(targets) != 1 or len(modules) != 1:
-        return 400, "exactly one target= (and at most one module=) is required", ""
-    module = modules[0] or "backend"
-    if module not in OBSERVERS:
-        return 400, f"unknown module {module!r} (known: {', '.join(OBSERVERS)})", ""
-    try:
-        target = http_url(targets[0], "target")
-    except ConfigError as exc:
-        return 400, str(exc), ""
-    if not config.allows(target):
-        return 403, "target is not in the exporter's allow_targets", ""
-    return 0, target, module
-
-
 def answer_health(endpoint: str, query: str, config: ExporterConfig, checks: SharedChecks) -> tuple[int, str, bytes]:
     """``endpoint`` is ``livez`` or ``readyz``: (HTTP code, content type, body)."""
-    code, target, module = validated(query, config)
-    if code:
-        ANSWERS.labels(endpoint, str(code)).inc()
-        return code, "text/plain", f"{target}\n".encode()
+    read = asked(query, config)
+    if isinstance(read, Refused):
+        ANSWERS.labels(endpoint, str(read.code)).inc()
+        return read.code, "text/plain", f"{read.why}\n".encode()
+    target, module = read.target, read.module
     started = time.monotonic()
-    outcome, shared = checks.result(target, module)
+    outcome, shared = checks.result(target, module, read.options)
     answer = (liveness.liveness if endpoint == "livez" else liveness.readiness)(outcome)
     code = 200 if answer.ok else 503
     body = {"endpoint": endpoint, "status": code, "ok": answer.ok, "why": answer.why, "target": target,

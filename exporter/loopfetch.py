@@ -11,7 +11,8 @@ Same rules as ``fetch`` (whose ``Fetched`` and statuses it returns): one wall-cl
 server that drips bytes cannot hold a reading past it; refused / unreachable / accepted but
 silent / broken are told apart the same way; the response is framed as ``http.client``
 frames it (Content-Length, chunked, read-to-close; HTTP/1.0 keep-alive rules; at most 100
-header lines of at most 64 KiB) and the body limit is checked at the same points (every
+header lines; every status, header, chunk-size and trailer line at most 64 KiB, so a line
+that never ends is a broken answer, not a buffer that grows) and the body limit is checked at the same points (every
 64 KiB and at the end); an idle keep-alive connection is reused, once retried fresh if
 the server had closed it; redirects are never followed.
 
@@ -327,7 +328,7 @@ class _Get:
                     return
                 line, pos = bytes(buffer[pos:limit]), limit
             else:
-                if end + 1 - pos > MAX_LINE + 1:
+                if end + 1 - pos > MAX_LINE:
                     raise _BadAnswer("got more than 65536 bytes when reading "
                                      + ("status line" if self.status is None else "header line"))
                 line, pos = bytes(buffer[pos:end + 1]), end + 1
@@ -446,9 +447,11 @@ class _Get:
         """Move whole chunks from ``buffer`` into ``body``; True at the last chunk's trailer end."""
         buffer = self.buffer
         while True:
-            if self.trailer:
-                end = buffer.find(b"\n")
+            if self.trailer:  # (read and dropped as http.client does, each line at most MAX_LINE)
+                end = buffer.find(b"\n", 0, MAX_LINE)
                 if end == -1:
+                    if len(buffer) > MAX_LINE:
+                        raise _BadAnswer("got more than 65536 bytes when reading trailer line")
                     if eof:
                         return True  # http.client: the trailer ends at EOF too
                     return False
@@ -458,7 +461,7 @@ class _Get:
                     return True
                 continue
             if self.chunk_left is None:
-                end = buffer.find(b"\n")
+                end = buffer.find(b"\n", 0, MAX_LINE)
                 if end == -1:
                     if len(buffer) > MAX_LINE:
                         raise _BadAnswer("got more than 65536 bytes when reading chunk size")

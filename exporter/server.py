@@ -4,10 +4,13 @@ The blackbox_exporter pattern: each ``/probe`` reads its one target afresh, so n
 shared between scrapes or between Prometheus replicas. A bad request is 400, a target
 outside the allowlist 403; a failing target is still 200 with ``hangwatch_up 0``.
 
-``/probe`` sends requests wherever it is told, so it is no open relay: a target is
-``scheme://host[:port]`` only (a base path only when that exact URL is in ``allow_targets``;
-never credentials, a query or a fragment), and listening beyond loopback needs
-``allow_targets`` or an explicit ``allow_any_target: true`` (exit 64 at start-up otherwise).
+``/probe`` sends requests wherever it is told, so it is no open relay: its query is read by
+the one validator of every such route (``query.asked``): a target is ``scheme://host[:port]``
+only (a base path only when that exact URL is in ``allow_targets``; never credentials, a
+query or a fragment), and a query may narrow what the config allows for a target, never
+widen it. Listening beyond loopback needs ``allow_targets`` or an explicit
+``allow_any_target: true`` (exit 64 at start-up otherwise), and an API key goes only to the
+URLs the config lists (``ExporterConfig.options_for``).
 
 It serves thousands of backends from one process (bench/bench_exporter_scale.py): the
 server is ``hangwatch.exporter.httpserver.BoundedHTTPServer`` (one event loop for every connection,
@@ -49,17 +52,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from hangwatch import __version__, logs
 from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import MODULES as OBSERVERS
-from hangwatch.observation import PROBE_KINDS
 from hangwatch.observe import metrics_observation, observe_load, probe_due, read_metrics
 from hangwatch.probe import send_probe
-from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_address
+from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
 from . import evloop
 from .collector import BackendCollector, render_series
 from .config import ExporterConfig, load_exporter_config
 from .health import answer_health, shared_checks
 from .httpserver import BoundedHTTPServer, Request, Response, Route
+from . import query as queries
 from .loopfetch import LoopClient
+from .query import Asked, Refused
 from .reuse import VersionCache
 
 # Idle keep-alive connections kept to the backends (LRU): the same backends are read every
@@ -107,22 +111,6 @@ def scrape_budget(header: str | None, config: ExporterConfig) -> float:
     return max(0.2, budget if budget == budget else config.timeout)
 
 
-def probe_target(text: str, config: ExporterConfig) -> tuple[int, str]:
-    """(0, target) or (HTTP code, why not): ``scheme://host[:port]``, a path only if allowlisted."""
-    try:
-        target = http_url(text, "target", allow_path=True)
-    except ConfigError as exc:
-        if "@" in text.split("/", 3)[2 if text.count("/") >= 2 else 0]:  # never echo a password back
-            return 400, "target: must not carry credentials (user:password@)"
-        return 400, str(exc)
-    if not config.allows(target):
-        return 403, "target is not in the exporter's allow_targets"
-    if target.split("://", 1)[1].find("/") != -1 and target not in config.allow_targets:
-        return 400, (f"target: {text[:60]!r} must be http(s)://HOST[:PORT] without a path "
-                     "(a base path only when that exact URL is in allow_targets)")
-    return 0, target
-
-
 class Prober:
     """Answers ``/probe``: the target read within the scrape budget, rendered as text."""
 
@@ -131,19 +119,22 @@ class Prober:
         self.client = Client(max_idle=IDLE_CONNECTIONS)
         self.loop_client: LoopClient | None = None  # made on the server's loop, on its first probe
         self.versions = VersionCache()
-        self.queries: dict[str, tuple] = {}   # asked(): /probe query -> its parsed, checked meaning
+        self.queries: dict[str, Asked] = {}   # asked(): /probe query -> its parsed, checked meaning
         self._queries_lock = threading.Lock()
 
-    def asked(self, query: str) -> tuple[int, str, bytes] | tuple[str, str, str | None]:
-        """(target, module, probe kind) from a /probe query, or the 400/403 answer to it.
+    def asked(self, query: str) -> Asked | tuple[int, str, bytes]:
+        """What a /probe query asks (``query.asked``: target, module, options), or the 400/403 answer.
 
         Prometheus sends each target the same query every scrape, and the answer depends on
         nothing else (the config is fixed), so it is kept: at most ``QUERIES`` good ones of at
         most ``MAX_KEPT_QUERY`` characters."""
         known = self.queries.get(query)
         if known is None:
-            known = self._asked(query)
-            if isinstance(known[0], int) or len(query) > MAX_KEPT_QUERY:
+            read = queries.asked(query, self.config)
+            if isinstance(read, Refused):
+                return read.code, TEXT, f"{read.why}\n".encode()
+            known = read
+            if len(query) > MAX_KEPT_QUERY:
                 return known  # only good, short queries are kept: a client cannot fill memory
             with self._queries_lock:  # workers ask too (the paths that are not read on the loop)
                 while len(self.queries) >= QUERIES:
@@ -151,36 +142,18 @@ class Prober:
                 self.queries[query] = known
         return known
 
-    def _asked(self, query: str) -> tuple[int, str, bytes] | tuple[str, str, str | None]:
-        params = parse_qs(query, keep_blank_values=True)
-        targets, modules = params.get("target", []), params.get("module", ["backend"])
-        probes = params.get("probe", [""])
-        if len(targets) != 1 or len(modules) != 1 or len(probes) != 1:
-            return 400, TEXT, b"exactly one target= (and at most one module= and probe=) is required\n"
-        module = modules[0] or "backend"
-        if module not in OBSERVERS:
-            return 400, TEXT, f"unknown module {module[:40]!r} (known: {', '.join(OBSERVERS)})\n".encode()
-        probe = probes[0] or None
-        if probe is not None and probe not in PROBE_KINDS:
-            return 400, TEXT, f"unknown probe {probe[:20]!r} (known: {', '.join(PROBE_KINDS)})\n".encode()
-        code, target = probe_target(targets[0], self.config)
-        if code:
-            return code, TEXT, f"{target}\n".encode()
-        return target, module, probe
-
-    def collector(self, target: str, module: str, probe: str | None, timeout_header: str | None,
-                  waited: float) -> BackendCollector:
+    def collector(self, asked: Asked, timeout_header: str | None, waited: float) -> BackendCollector:
         # The budget counts from the request's arrival: time spent waiting for a worker is spent.
         budget = max(0.1, scrape_budget(timeout_header, self.config) - waited)
-        return BackendCollector(target, module, budget, self.config.options_for(target, probe), self.client,
+        return BackendCollector(asked.target, asked.module, budget, asked.options, self.client,
                                 versions=self.versions)
 
     def answer(self, query: str, timeout_header: str | None, waited: float = 0.0) -> tuple[int, str, bytes]:
         asked = self.asked(query)
-        if isinstance(asked[0], int):
+        if not isinstance(asked, Asked):
             return asked
-        target, module, probe = asked
-        collector = self.collector(target, module, probe, timeout_header, waited)
+        target, module = asked.target, asked.module
+        collector = self.collector(asked, timeout_header, waited)
         started = time.monotonic()
         deadline = Deadline.after(collector.budget)
         observation = OBSERVERS[module].observe(self.client, target, deadline, collector.options)
@@ -192,7 +165,9 @@ class Prober:
         waited = time.monotonic() - request.received
         code, content_type, body = self.answer(
             request.query, request.headers.get("x-prometheus-scrape-timeout-seconds"), waited)
-        return self._counted(request, module_label(request.query), code, content_type, body)
+        asked = self.asked(request.query)  # (kept: no second reading of the query)
+        module = asked.module if isinstance(asked, Asked) else module_label(request.query)
+        return self._counted(request, module, code, content_type, body)
 
     def _counted(self, request: Request, module: str, code: int, content_type: str, body: bytes) -> Response:
         _probes_counter(module, code).inc()
@@ -205,10 +180,10 @@ class Prober:
         idle probe, the engine's version not yet known, a host name to resolve, TLS, another
         module — is handed to a worker, which does what ``route`` does from where this stopped."""
         asked = self.asked(request.query)
-        if isinstance(asked[0], int):
+        if not isinstance(asked, Asked):
             reply(self._counted(request, module_label(request.query), *asked))
             return
-        target, module, probe = asked
+        target, module = asked.target, asked.module
         url = target.rstrip("/") + "/metrics"
         if module != "backend" or not LoopClient.can_get(url):  # (can_get's answer is kept per URL)
             reply(lambda: self.route(request))
@@ -216,7 +191,7 @@ class Prober:
         loop = evloop.running()
         if self.loop_client is None or self.loop_client.loop is not loop:
             self.loop_client = LoopClient(loop, max_idle=loop_pool_size(self.config))
-        collector = self.collector(target, module, probe, request.headers.get("x-prometheus-scrape-timeout-seconds"),
+        collector = self.collector(asked, request.headers.get("x-prometheus-scrape-timeout-seconds"),
                                    time.monotonic() - request.received)
         started = taken_at = time.monotonic()
         deadline = Deadline.after(collector.budget)

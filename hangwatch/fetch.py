@@ -12,12 +12,23 @@ write with what is left until the reading's ``Deadline``: nothing the other side
 hold a reading past it. Redirects are never followed, so a target's API key is only ever
 sent to that target. Idle keep-alive connections are kept per origin and reused (the
 exporter reads the same backends every scrape); one that the server closed is never used.
+
+The deadline covers the connection too: a host name is resolved on a resolver thread that
+the reading waits for only as long as its budget allows (``getaddrinfo`` has no timeout of
+its own; a resolver that hangs once held a reading for as long as it liked), and each
+address is then tried with what is left, not a fresh timeout each. A host name that is no
+valid name (a label over 63 characters, ``a..b``) is a failed reading, not an exception. TLS
+uses one context per process (``tls_context``), built once: building one reads the system's
+CA store, too much work to repeat for every new connection.
 """
 from __future__ import annotations
 
+import functools
 import http.client
 import io
+import ipaddress
 import json as jsonlib
+import queue
 import select
 import socket
 import ssl
@@ -32,6 +43,7 @@ MAX_ERROR_BODY = 2048
 USER_AGENT = "hangwatch"
 
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux
+RESOLVER_THREADS = 16  # host names resolved at once; more wait in line (within their own budgets)
 
 # Why a fetch produced no page.
 OK, REFUSED, UNREACHABLE, TIMEOUT, HTTP_ERROR, TOO_LARGE, BROKEN = (
@@ -128,6 +140,108 @@ class _DeadlineSocket:
         self._sock.setsockopt(*args)
 
 
+class HostNameError(OSError):
+    """The host could not be resolved in time, or is no valid host name: the reading fails."""
+
+
+class _Lookup:
+    __slots__ = ("host", "port", "done", "addresses", "error", "abandoned")
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.done = threading.Event()
+        self.addresses: list | None = None
+        self.error: BaseException | None = None
+        self.abandoned = False
+
+
+class _Resolver:
+    """``getaddrinfo`` on a few daemon threads, each lookup awaited only until its deadline.
+
+    ``getaddrinfo`` cannot be interrupted; a reading that stops waiting leaves its lookup to
+    finish (or hang) on its thread. At most ``RESOLVER_THREADS`` can hang at once; later lookups
+    wait in line and fail at their own deadlines. A lookup whose reader gave up is skipped."""
+
+    def __init__(self, threads: int = RESOLVER_THREADS):
+        self._threads, self._started = threads, 0
+        self._queue: queue.SimpleQueue[_Lookup] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+
+    def resolve(self, host: str, port: int, deadline: Deadline) -> list:
+        lookup = _Lookup(host, port)
+        self._start_a_thread()
+        self._queue.put(lookup)
+        if not lookup.done.wait(max(0.0, deadline.left())):
+            lookup.abandoned = True
+            raise HostNameError(f"resolving {_shown(host)} did not finish within the budget")
+        if lookup.error is not None:
+            raise lookup.error
+        return lookup.addresses
+
+    def _start_a_thread(self) -> None:
+        if self._started >= self._threads:
+            return
+        with self._lock:
+            if self._started < self._threads:
+                self._started += 1
+                threading.Thread(target=self._work, name="hangwatch-resolver", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            lookup = self._queue.get()
+            if lookup.abandoned:
+                continue
+            try:
+                lookup.addresses = socket.getaddrinfo(lookup.host, lookup.port, 0, socket.SOCK_STREAM)
+            except UnicodeError as exc:  # IDNA: a label over 63 characters, an empty label (a..b)
+                lookup.error = HostNameError(f"{_shown(lookup.host)} is not a valid host name ({exc})")
+            except OSError as exc:
+                lookup.error = HostNameError(f"cannot resolve {_shown(lookup.host)}: {_short(exc)}")
+            except Exception as exc:  # noqa: BLE001 - any failure is this reading's, never the thread's end
+                lookup.error = HostNameError(f"cannot resolve {_shown(lookup.host)}: {_short(exc)}")
+            lookup.done.set()
+
+
+_RESOLVER = _Resolver()
+
+
+def connect_within(host: str, port: int, deadline: Deadline) -> socket.socket:
+    """A connected TCP socket to ``host:port``: resolution and every address's connect inside
+    ``deadline`` (an address literal needs no lookup)."""
+    try:
+        ipaddress.ip_address(host)
+        addresses = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    except ValueError:
+        addresses = _RESOLVER.resolve(host, port, deadline)
+    error: OSError | None = None
+    for family, kind, proto, _, address in addresses:
+        left = deadline.left()
+        if left <= 0:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    if error is not None and not isinstance(error, TimeoutError):
+        raise error
+    raise TimeoutError("the reading's deadline passed while connecting")
+
+
+@functools.lru_cache(maxsize=None)
+def tls_context() -> ssl.SSLContext:
+    """The one TLS configuration readings use (the system's CA store, host names checked),
+    built once and shared: an ``SSLContext`` is safe to use from every thread."""
+    return ssl.create_default_context()
+
+
+def _shown(host: str) -> str:
+    return repr(host if len(host) <= 80 else host[:77] + "...")
+
+
 class _Connection(http.client.HTTPConnection):
     """``http.client`` over a ``_DeadlineSocket``; ``deadline`` is re-pointed for each request."""
 
@@ -141,12 +255,12 @@ class _Connection(http.client.HTTPConnection):
         left = self.deadline.left()
         if left <= 0:
             raise TimeoutError("the reading's deadline passed before connecting")
-        raw = socket.create_connection((self.host, self.port), timeout=left)
+        raw = connect_within(self.host, self.port, self.deadline)
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.scheme == "https":
                 raw.settimeout(max(0.001, self.deadline.left()))
-                raw = ssl.create_default_context().wrap_socket(raw, server_hostname=self.host)
+                raw = tls_context().wrap_socket(raw, server_hostname=self.host)
         except BaseException:
             raw.close()
             raise
@@ -233,14 +347,22 @@ class Client:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         origin = (scheme, host, port)
         body = None if json is None else jsonlib.dumps(json).encode()
-        sent_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity",
-                        "Host": parts.netloc.rpartition("@")[2]}
-        if body is not None:
-            sent_headers["Content-Type"] = "application/json"
-        sent_headers.update(headers or {})
+        host_header = parts.netloc.rpartition("@")[2]
 
         def failed(status: str, error: str, http_status: int | None = None) -> Fetched:
             return Fetched(status, http_status=http_status, error=error, elapsed=time.monotonic() - started)
+
+        if not host_header.isascii():  # an internationalized name goes out as its IDNA (xn--) form
+            try:
+                ascii_host = host.encode("idna").decode("ascii")
+            except UnicodeError as exc:
+                return failed(UNREACHABLE, f"connection failed: {_shown(host)} is not a valid host name ({exc})")
+            host_header = ascii_host + (f":{parts.port}" if parts.port else "")
+            host, origin = ascii_host, (scheme, ascii_host, port)
+        sent_headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Host": host_header}
+        if body is not None:
+            sent_headers["Content-Type"] = "application/json"
+        sent_headers.update(headers or {})
 
         for attempt in (0, 1):
             connection = self._take(origin) if attempt == 0 else None
@@ -268,7 +390,8 @@ class Client:
                 if reused and attempt == 0:
                     continue  # the server closed an idle keep-alive connection: once more, fresh
                 return failed(BROKEN, f"connection closed without an answer: {_short(exc)}")
-            except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+            except (OSError, http.client.HTTPException, ssl.SSLError, UnicodeError, ValueError) as exc:
+                # (UnicodeError, ValueError: what http.client raises for a request it cannot encode)
                 connection.close()
                 return failed(UNREACHABLE, f"connection failed: {_short(exc)}")
             return self._read(response, connection, origin, started, budget, max_bytes)

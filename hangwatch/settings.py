@@ -104,24 +104,53 @@ def split_url(text: str, path: str):
 
 def http_url(value: Any, path: str, *, allow_path: bool = False) -> str:
     """``scheme://host[:port]`` (a base path only when ``allow_path``); never credentials,
-    a query or a fragment: a URL is where hangwatch sends requests, so it says nothing else."""
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{path}: expected an http(s) URL, got {show(value)}")
-    parts = split_url(value, path)
-    port = parts.port
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{path}: {show(value)} must be http(s)://HOST[:PORT]")
-    if "@" in parts.netloc:
-        raise ConfigError(f"{path}: {show(value)} must not carry credentials (user:password@)")
-    if parts.query or parts.fragment or "?" in value or "#" in value:
-        raise ConfigError(f"{path}: {show(value)} must not carry a query or a fragment")
-    if parts.path.strip("/") and not allow_path:
-        raise ConfigError(f"{path}: {show(value)} must be http(s)://HOST[:PORT] without a path")
-    if port == 0:
-        raise ConfigError(f"{path}: port 0 is not a port")
-    if any(c.isspace() or not c.isprintable() for c in value):
-        raise ConfigError(f"{path}: {show(value)} contains spaces or control characters")
+    a query or a fragment: a URL is where hangwatch sends requests, so it says nothing else.
+    The error shows the value with any ``user:password@`` cut out: never a secret in a message."""
+    problem = url_problem(value, allow_path=allow_path)
+    if problem:
+        raise ConfigError(f"{path}: {show(without_credentials(value))} {problem}")
     return value.rstrip("/")
+
+
+def url_problem(value: Any, *, allow_path: bool = False) -> str | None:
+    """What is wrong with ``value`` as an ``http_url`` (None: nothing), without repeating it:
+    an answer to an untrusted query can say why without echoing what was sent."""
+    if not isinstance(value, str) or not value.strip():
+        return "is not an http(s) URL"
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be http(s)://HOST[:PORT]"
+    if "@" in parts.netloc:
+        return "must not carry credentials (user:password@)"
+    if parts.query or parts.fragment or "?" in value or "#" in value:
+        return "must not carry a query or a fragment"
+    if parts.path.strip("/") and not allow_path:
+        return "must be http(s)://HOST[:PORT] without a path"
+    if port == 0:
+        return "has port 0, which is not a port"
+    if any(c.isspace() or not c.isprintable() for c in value):
+        return "contains spaces or control characters"
+    return None
+
+
+def without_credentials(value: Any) -> Any:
+    """``value`` with everything up to the last ``@`` of what may be its authority replaced by
+    ``***@``: a message may show where a URL points, never whose password it carries."""
+    if not isinstance(value, str) or "@" not in value:
+        return value
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        scheme, rest = "", value
+    authority_end = min([i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i != -1] or [len(rest)])
+    authority = rest[:authority_end]
+    if "@" not in authority:
+        # No authority-shaped "@" (``user:pw@host`` without a scheme parses as a path): cut up to the last one.
+        return "***@" + value.rpartition("@")[2]
+    return f"{scheme}{sep}***@{authority.rpartition('@')[2]}{rest[authority_end:]}"
 
 
 def listen_address(text: str, flag: str = "--listen") -> tuple[str, int]:

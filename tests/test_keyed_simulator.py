@@ -60,7 +60,8 @@ def test_frozen_at_idle_is_hung_with_the_key_and_not_without(keyed):
 def test_the_exporters_default_key_reaches_the_probe(keyed, tmp_path):
     from hangwatch.exporter.config import exporter_config
     (tmp_path / "key").write_text(KEY)
-    server, url = start_exporter(exporter_config({"api_key_file": str(tmp_path / "key")}))
+    server, url = start_exporter(exporter_config({"api_key_file": str(tmp_path / "key"),
+                                                  "allow_targets": [keyed.url]}))
     try:
         got = samples(requests.get(url + "/probe", params={"target": keyed.url}, timeout=10).text)
     finally:

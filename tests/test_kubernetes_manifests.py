@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from hangwatch.exporter.config import ExporterConfig, exporter_config
-from hangwatch.exporter.health import validated
+from hangwatch.exporter.query import Asked, asked
 from tests.support.require import require, require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,9 +215,10 @@ def test_vllm_probes_ask_the_sidecar_about_its_own_vllm_within_the_budget(render
         probe = vllm[kind]
         assert urlsplit(probe["httpGet"]["path"]).path == path
         assert probe["httpGet"]["port"] == sidecar["ports"][0]["name"]
-        code, target, module = validated(probe_query(probe), config)
-        assert code == 0, target  # a 400/403 here would fail every probe and restart vLLM in a loop
-        assert (target, module) == ("http://127.0.0.1:8000", "backend")
+        read = asked(probe_query(probe), config)
+        assert isinstance(read, Asked), read  # a 400/403 here would fail every probe and restart vLLM in a loop
+        target = read.target
+        assert (target, read.module) == ("http://127.0.0.1:8000", "backend")
         assert urlsplit(target).port == vllm["ports"][0]["containerPort"]
         assert probe["timeoutSeconds"] > config.liveness_budget  # the answer always comes in time
     liveness = vllm["livenessProbe"]

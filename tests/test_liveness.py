@@ -154,7 +154,7 @@ def test_concurrent_calls_for_one_target_share_one_check(exporter, sim):
 def test_shared_check_that_overruns_answers_at_its_deadline_and_is_never_doubled():
     release, calls = threading.Event(), []
 
-    def run(target, module):
+    def run(target, module, options):
         calls.append(target)
         release.wait(10)
         return None

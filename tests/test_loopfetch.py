@@ -93,6 +93,10 @@ ANSWERS = {
     "too-many-headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(120))
                         + b"Content-Length: 0\r\n\r\n",
     "header-line-too-long": b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n",
+    "trailer-line-too-long": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX: "
+                             + b"y" * 70000 + b"\r\n\r\n",
+    "chunk-size-line-too-long": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=" + b"y" * 70000
+                                + b"\r\nhello\r\n0\r\n\r\n",
     "negative-length": b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n" + PAGE,
     "bad-length": b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n" + PAGE,
     "no-header-line": b"HTTP/1.1 200 OK\r\nNot a header\r\nContent-Length: 3\r\n\r\n" + PAGE,

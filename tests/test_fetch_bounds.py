@@ -1,0 +1,335 @@
+"""The exporter's two HTTP clients against hostile backends and names (issue 23, items 4 and 8).
+
+- every line of an answer — status, header, chunk size, trailer — is bounded as ``http.client``
+  bounds it (64 KiB), in ``fetch.Client`` and in ``loopfetch``: measured on main, a trailer
+  line that never ends was buffered by ``loopfetch`` (28 -> 342 MiB in one probe);
+- one TLS context, reused (main built one per HTTPS connection: ~28 ms of CPU each);
+- name resolution and every address's connect happen inside the reading's one deadline;
+- a host name that is no valid name (a 64-character label, ``a..b``) reads as down, never a 500.
+
+Real sockets on 127.0.0.1, port 0. Where a resolver must misbehave (hang, or answer with
+addresses of our choosing), ``socket.getaddrinfo`` is replaced for that one name.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+
+import pytest
+import requests
+
+from hangwatch.exporter.loopfetch import LoopClient
+from hangwatch.fetch import OK, TIMEOUT, UNREACHABLE, Client, Deadline
+from tests.support.hostile import SocketServer
+from tests.test_exporter import samples, start_exporter
+
+CAP = 96 * 1024 * 1024  # the most a hostile server sends before it gives up (main read all of it)
+FILL = b"a" * (1024 * 1024)
+MAX_PEAK = 8 * 1024 * 1024  # what one bounded read may allocate, with room to spare
+SLACK = 1.0
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+ENDLESS = {
+    "trailer line": CHUNKED + b"5\r\nhello\r\n0\r\nX-Trailer: ",
+    "chunk-size line": CHUNKED + b"0000",
+    "header line": b"HTTP/1.1 200 OK\r\nX-Header: ",
+    "status line": b"HTTP/1.1 200 ",
+}
+
+
+class EndlessServer(SocketServer):
+    """Answers every request with ``prefix`` and then ``FILL`` without a newline, until the
+    client closes (or ``CAP`` bytes went out): a line that never ends."""
+
+    def __init__(self, prefix: bytes):
+        self.prefix = prefix
+        self.sent = 0
+        super().__init__(backlog=16)
+
+    def _serve(self, conn):
+        conn.settimeout(10)
+        with conn:
+            try:
+                if self.read_head(conn) is None:
+                    return
+                conn.sendall(self.prefix)
+                while self.sent < CAP and not self._stop.is_set():
+                    conn.sendall(FILL)
+                    self.sent += len(FILL)
+            except OSError:
+                pass  # the client closed: what we want
+
+
+@pytest.fixture
+def endless():
+    servers = []
+
+    def make(prefix: bytes) -> EndlessServer:
+        server = EndlessServer(prefix)
+        servers.append(server)
+        return server
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def loop_get(url: str, deadline: Deadline):
+    loop = asyncio.new_event_loop()
+    client = LoopClient(loop)
+    try:
+        future = loop.create_future()
+        loop.call_soon(lambda: client.get(url, deadline, future.set_result))
+        return loop.run_until_complete(asyncio.wait_for(future, max(0.1, deadline.left()) + 5))
+    finally:
+        client.close()
+        loop.close()
+
+
+def blocking_get(url: str, deadline: Deadline):
+    return Client(max_idle=0).request("GET", url, deadline=deadline)
+
+
+def peak_while(read):
+    """(what ``read()`` returned, the most Python memory it held at once)."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        result = read()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+# -- every line is bounded --------------------------------------------------------------------------
+@pytest.mark.parametrize("client", ["loop", "blocking"])
+@pytest.mark.parametrize("line", sorted(ENDLESS))
+def test_a_line_that_never_ends_is_a_broken_answer_read_in_bounded_memory(endless, client, line):
+    server = endless(ENDLESS[line])
+    get = loop_get if client == "loop" else blocking_get
+    started = time.monotonic()
+    fetched, peak = peak_while(lambda: get(server.url + "/metrics", Deadline.after(5)))
+    elapsed = time.monotonic() - started
+    assert fetched.status not in (OK, TIMEOUT), fetched
+    assert "65536 bytes" in fetched.error, fetched.error
+    assert elapsed < 2.5, elapsed  # at the 64 KiB mark, not at the deadline
+    assert peak < MAX_PEAK, f"{peak / 2**20:.1f} MiB held reading an endless {line}"
+
+
+@pytest.mark.parametrize("client", ["loop", "blocking"])
+def test_both_clients_end_an_endless_trailer_the_same_way(endless, client):
+    server = endless(ENDLESS["trailer line"])
+    fetched = (loop_get if client == "loop" else blocking_get)(server.url + "/metrics", Deadline.after(5))
+    assert (fetched.status, fetched.http_status, fetched.body) == ("broken", 200, b"")
+    assert fetched.error == "answer broken off: got more than 65536 bytes when reading trailer line"
+
+
+def answer_with(where: str, line: bytes) -> bytes:
+    """An answer with ``line`` as its header, chunk-size or trailer line."""
+    if where == "header":
+        return b"HTTP/1.1 200 OK\r\n" + line + b"Content-Length: 5\r\n\r\nhello"
+    if where == "chunk size":
+        return CHUNKED + line + b"hello\r\n0\r\n\r\n"
+    return CHUNKED + b"5\r\nhello\r\n0\r\n" + line + b"\r\n"
+
+
+@pytest.mark.parametrize("where", ["header", "chunk size", "trailer"])
+def test_a_line_of_exactly_the_limit_is_read_as_http_client_reads_it(where):
+    """64 KiB including its newline is allowed, one byte more is not: as ``http.client``."""
+    for size, ok in ((65536, True), (65537, False)):
+        start = b"5;x=" if where == "chunk size" else b"X: "
+        line = start + b"y" * (size - len(start) - 2) + b"\r\n"
+        assert len(line) == size
+        server = EndlessOnce(answer_with(where, line))
+        try:
+            got = [loop_get(server.url + "/metrics", Deadline.after(5)),
+                   blocking_get(server.url + "/metrics", Deadline.after(5))]
+        finally:
+            server.stop()
+        assert [(f.status == OK, f.body) for f in got] == [(ok, b"hello" if ok else b"")] * 2, (size, got)
+
+
+class EndlessOnce(SocketServer):
+    """Answers with ``answer`` and closes."""
+
+    def __init__(self, answer: bytes):
+        self.answer = answer
+        super().__init__(backlog=16)
+
+    def _serve(self, conn):
+        conn.settimeout(10)
+        with conn:
+            try:
+                if self.read_head(conn) is not None:
+                    conn.sendall(self.answer)
+            except OSError:
+                pass
+
+
+def test_the_exporter_reads_an_endless_trailer_as_a_blind_page_in_bounded_memory(endless):
+    """The busy-backend path (/metrics of an IP, read on the loop): the probe is answered at
+    once, the page is unusable (``metrics_available 0``), and memory does not follow the backend."""
+    server = endless(ENDLESS["trailer line"])
+    exporter, url = start_exporter()
+    try:
+        started = time.monotonic()
+        answer, peak = peak_while(lambda: requests.get(url + "/probe", params={"target": server.url}, timeout=30))
+        elapsed = time.monotonic() - started
+    finally:
+        exporter.shutdown()
+        exporter.server_close()
+    assert answer.status_code == 200, answer.text
+    got = samples(answer.text)
+    assert got[("hangwatch_metrics_available", ())] == 0
+    assert elapsed < 5, elapsed
+    assert peak < 2 * MAX_PEAK, f"{peak / 2**20:.1f} MiB"
+    assert server.sent < CAP
+
+
+# -- TLS: one context --------------------------------------------------------------------------------
+class TLSServer(SocketServer):
+    """Completes a TLS handshake (a certificate the client cannot verify) and closes."""
+
+    def __init__(self, context: ssl.SSLContext):
+        self.context = context
+        super().__init__(backlog=16)
+        self.url = self.url.replace("http://", "https://")
+
+    def _serve(self, conn):
+        conn.settimeout(5)
+        try:
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1024)
+        except (OSError, ssl.SSLError):
+            pass
+
+
+@pytest.fixture
+def tls_server(tmp_path):
+    from tests.webhook.certs import make_certs
+    certs = make_certs(tmp_path / "certs")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs.server_cert, certs.server_key)
+    server = TLSServer(context)
+    yield server
+    server.stop()
+
+
+def test_every_https_connection_uses_one_tls_context(tls_server, monkeypatch):
+    contexts = []  # the contexts themselves (held, so no id is reused)
+    wrap = ssl.SSLContext.wrap_socket
+
+    def recording(self, sock, *args, **kwargs):
+        if not kwargs.get("server_side"):
+            contexts.append(self)
+        return wrap(self, sock, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "wrap_socket", recording)
+    client = Client(max_idle=0)  # a fresh connection, so a handshake, every time
+    results = [client.request("GET", tls_server.url + "/metrics", deadline=Deadline.after(5)) for _ in range(4)]
+    assert all(r.status == UNREACHABLE and "certificate" in r.error for r in results), results
+    assert len(contexts) == 4 and len({id(c) for c in contexts}) == 1
+    other = Client(max_idle=0).request("GET", tls_server.url + "/metrics", deadline=Deadline.after(5))
+    assert other.status == UNREACHABLE and contexts[-1] is contexts[0]  # one per process, not per client
+
+
+# -- resolution and connects inside the deadline -----------------------------------------------------
+def resolving(monkeypatch, name: str, answer):
+    """``socket.getaddrinfo`` answers ``answer(port)`` for ``name``, the real lookup otherwise."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == name:
+            return answer(port)
+        return real(host, port, *args, **kwargs)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_a_resolver_that_hangs_does_not_stretch_the_deadline(monkeypatch):
+    release = threading.Event()
+    resolving(monkeypatch, "hangs.test", lambda port: release.wait(10) and [])
+    timer = threading.Timer(5, release.set)  # on main the reading waits for this
+    timer.start()
+    try:
+        started = time.monotonic()
+        fetched = Client(max_idle=0).request("GET", "http://hangs.test:8000/metrics", deadline=Deadline.after(0.5))
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+        timer.cancel()
+    assert fetched.status == UNREACHABLE and "resolving 'hangs.test'" in fetched.error, fetched
+    assert elapsed < 0.5 + SLACK, elapsed
+
+
+@pytest.fixture
+def silent_address():
+    """An address whose connect never completes: a listener whose accept queue is full (Linux
+    drops the SYN), like a host that is down behind a firewall."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    held = []
+    for _ in range(3):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(listener.getsockname())
+        held.append(sock)
+    probe = socket.socket()
+    probe.settimeout(0.3)
+    with pytest.raises(TimeoutError):  # the setup itself: a connect here hangs
+        probe.connect(listener.getsockname())
+    probe.close()
+    yield listener.getsockname()
+    for sock in held:
+        sock.close()
+    listener.close()
+
+
+def test_every_address_is_tried_within_the_one_deadline(monkeypatch, silent_address):
+    host, port = silent_address
+    two = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (host, port))] * 2
+    resolving(monkeypatch, "two-silent.test", lambda _: two)
+    started = time.monotonic()
+    fetched = Client(max_idle=0).request("GET", f"http://two-silent.test:{port}/metrics",
+                                         deadline=Deadline.after(1.0))
+    elapsed = time.monotonic() - started
+    assert fetched.status == UNREACHABLE, fetched
+    assert elapsed < 1.0 + 0.5, elapsed  # main gave each address the whole budget: 2 s
+
+
+# -- invalid host names are down, never a 500 ---------------------------------------------------------
+BAD_NAMES = ["a" * 64 + ".example", "a..b", "-" * 300]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=["64-char-label", "empty-label", "300-dashes"])
+def test_an_invalid_host_name_is_a_failed_reading_with_a_reason(name):
+    fetched = Client(max_idle=0).request("GET", f"http://{name}:8000/metrics", deadline=Deadline.after(2))
+    assert fetched.status == UNREACHABLE and "not a valid host name" in fetched.error, fetched
+
+
+@pytest.mark.parametrize("name", BAD_NAMES[:2], ids=["64-char-label", "empty-label"])
+def test_the_exporter_reads_an_invalid_host_name_as_down(name):
+    exporter, url = start_exporter()
+    try:
+        answer = requests.get(url + "/probe", params={"target": f"http://{name}:8000"}, timeout=30)
+        health = requests.get(url + "/livez", params={"target": f"http://{name}:8000"}, timeout=30)
+    finally:
+        exporter.shutdown()
+        exporter.server_close()
+    assert answer.status_code == 200, answer.text
+    assert samples(answer.text)[("hangwatch_up", ())] == 0
+    assert health.status_code == 200 and health.json()["verdict"] == "down", health.text
+
+
+def test_hangwatch_check_says_why_an_invalid_host_name_is_down():
+    done = subprocess.run([sys.executable, "-m", "hangwatch", "check", "http://a..b:8000", "--json",
+                           "--timeout", "1"], capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    result = json.loads(done.stdout)
+    assert result["verdict"] == "down" and "not a valid host name" in json.dumps(result), result
