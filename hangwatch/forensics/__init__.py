@@ -4,7 +4,7 @@
 deadline; ``signatures`` names the cause. The callers — ``hangwatch forensics``, the
 exporter's ``/forensics``, the webhook before a restart — capture only a target judged hung.
 """
-from .capture import DEADLINE, capture
+from .capture import DEADLINE, capture, render
 from .signatures import NAMES, SIGNATURES, classify
 
-__all__ = ["DEADLINE", "NAMES", "SIGNATURES", "capture", "classify"]
+__all__ = ["DEADLINE", "NAMES", "SIGNATURES", "capture", "classify", "render"]

@@ -132,3 +132,15 @@ def _finish_nvidia_smi(child: subprocess.Popen | None, seconds_left: float, erro
         errors.append("nvidia-smi did not finish before the capture's deadline; killed (a wedged GPU driver?)")
         return None
     return out.decode("utf-8", "replace")[-20000:]
+
+
+def render(answer: dict) -> str:
+    """A capture for a person: the signature and its evidence first, then every stack."""
+    from hangwatch.incidents import stacks
+    lines = [f"{answer.get('verdict')}: {answer.get('reason')}",
+             f"signature: {answer.get('signature')}: {answer.get('cause')}"]
+    lines += [f"  evidence: {line}" for line in answer.get("evidence") or ()]
+    lines += [f"  error: {line}" for line in answer.get("errors") or ()]
+    lines.append(f"captured at {answer.get('captured_at')} in {answer.get('seconds')} s "
+                 f"(deadline {answer.get('deadline')} s)")
+    return "\n".join(lines + stacks(answer))
