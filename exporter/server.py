@@ -57,6 +57,7 @@ from hangwatch.settings import EXIT_CONFIG, ConfigError, http_url, listen_addres
 from . import evloop
 from .collector import BackendCollector, render_series
 from .config import ExporterConfig, load_exporter_config
+from .forensics import forensics_route
 from .health import answer_health, shared_checks
 from .httpserver import BoundedHTTPServer, Request, Response, Route
 from .loopfetch import LoopClient
@@ -311,7 +312,8 @@ def health_route(endpoint: str, config: ExporterConfig, checks) -> Route:
 
 def routes(config: ExporterConfig, prober: Prober) -> dict[str, Route]:
     checks = shared_checks(config)  # /livez and /readyz share one bounded check per target
-    return {
+    extra = {"/forensics": forensics_route(config)} if config.forensics.enabled else {}
+    return extra | {
         "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded,
                         on_loop=prober.on_loop),
         "/livez": health_route("livez", config, checks),

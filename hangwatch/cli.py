@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "then PATH)")
 
     i = commands.add_parser("incidents", help="the webhook's restarts and their evidence; `incidents show ID`")
-    i.add_argument("what", nargs="*", metavar="show ID", help="`show ID`: one incident with its readings and stacks")
+    i.add_argument("show", nargs="*", metavar="show ID", help="`show ID`: one incident with its readings and stacks")
     i.add_argument("--last", type=int, default=None, metavar="N", help="only the newest N")
     i.add_argument("--json", action="store_true", help="JSON instead of a table")
     i.add_argument("--state-dir", default=None, metavar="DIR",
@@ -209,11 +209,11 @@ def run_incidents(args) -> int:
     if args.last is not None and args.last < 0:
         raise _usage("--last: expected zero or a positive number")
     try:
-        if args.what:
-            if len(args.what) != 2 or args.what[0] != "show":
+        if args.show:
+            if len(args.show) != 2 or args.show[0] != "show":
                 raise _usage("incidents: expected `incidents show ID` (or no words: the list)")
-            record = incidents.read_incident(state_dir, args.what[1])
-            print(json.dumps(record, indent=2, sort_keys=True) if args.json else incidents.render(record, args.what[1]))
+            record = incidents.read_incident(state_dir, args.show[1])
+            print(json.dumps(record, indent=2, sort_keys=True) if args.json else incidents.render(record, args.show[1]))
             return 0
         rows = incidents.summaries(state_dir, args.last)
     except incidents.IncidentError as exc:

@@ -1,0 +1,80 @@
+"""The exporter's ``GET /forensics?target=URL``: off by default, 409 unless hung, the capture when hung."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import requests
+
+from hangwatch.exporter.config import ConfigError, exporter_config
+from hangwatch.simulator import Simulator
+from tests.test_exporter import start_exporter
+from tests.test_forensics_cli import marking_py_spy
+
+FAST = {"liveness_interval": "0.3s", "liveness_timeout": "0.5s", "liveness_budget": "3s"}
+
+
+@pytest.fixture
+def sim():
+    simulator = Simulator().start()
+    yield simulator
+    simulator.stop()
+
+
+@pytest.fixture
+def exporter_with(request):
+    servers = []
+
+    def start(data):
+        server, url = start_exporter(exporter_config(data))
+        servers.append(server)
+        return url
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def ask(exporter, target):
+    return requests.get(exporter + "/forensics", params={"target": target}, timeout=60)
+
+
+def test_off_unless_the_config_enables_it(exporter_with, sim):
+    assert ask(exporter_with({}), sim.url).status_code == 404
+    assert ask(exporter_with({"forensics": {"enabled": False}}), sim.url).status_code == 404
+
+
+def test_a_target_that_is_not_hung_is_409_and_nothing_is_captured(exporter_with, sim, tmp_path):
+    tool, mark = marking_py_spy(tmp_path)
+    exporter = exporter_with(FAST | {"forensics": {"enabled": True, "py_spy": tool}})
+    answer = ask(exporter, sim.url)
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["verdict"] == "idle" and answer.json()["processes"] == []
+    assert not mark.exists()
+
+
+def test_a_hung_target_is_captured(exporter_with, sim):
+    sim.set_state("unresponsive")
+    exporter = exporter_with(FAST | {"forensics": {"enabled": True, "deadline": "8s"}})
+    answer = ask(exporter, sim.url)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["verdict"] == "hung" and body["signature"] and body["captured_at"]
+    assert [p for p in body["processes"] if p["pid"] == os.getpid() and p["threads"]], body["errors"]
+
+
+def test_targets_are_held_to_the_allowlist_and_validated(exporter_with, sim):
+    exporter = exporter_with(FAST | {"allow_targets": ["http://127.0.0.1:1"], "forensics": {"enabled": True}})
+    assert ask(exporter, sim.url).status_code == 403
+    assert ask(exporter, "file:///etc/passwd").status_code == 400
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"forensics": {"enabled": "yes"}}, "forensics.enabled"),
+    ({"forensics": {"deadline": "forever"}}, "forensics.deadline"),
+    ({"forensics": {"enable": True}}, "forensics.enable"),
+    ({"forensics": ["enabled"]}, "forensics"),
+])
+def test_bad_forensics_config_names_the_key(data, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        exporter_config(data)
