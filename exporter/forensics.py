@@ -57,3 +57,42 @@ def forensics_route(config: ExporterConfig) -> Route:
         return Response(status, JSON, (json.dumps(answer) + "\n").encode())
 
     return Route(handler, start_within=lambda request: config.liveness_budget / 4)
+
+
+class LivezCaptures:
+    """On Kubernetes the kubelet restarts, not the webhook: the stacks are taken at the first
+    ``/livez`` 503 of a target (the bounded check just said hung), in the background so the
+    answer is not delayed, and logged as one JSON line (``kubectl logs`` of the sidecar keeps
+    it across vLLM's restart). Once per incident: again only after a 200 for that target."""
+
+    def __init__(self, config: ExporterConfig):
+        self.config = config
+        self._guard = threading.Lock()
+        self._taken: set[str] = set()
+
+    def seen(self, query: str, code: int) -> None:
+        status, target, _ = validated(query, self.config)
+        if status:
+            return
+        with self._guard:
+            if code != 503:
+                self._taken.discard(target)
+                return
+            if target in self._taken:
+                return
+            self._taken.add(target)
+        threading.Thread(target=self._capture, args=(target,), daemon=True,
+                         name=f"hangwatch-forensics-{target}").start()
+
+    def _capture(self, target: str) -> None:
+        from hangwatch.forensics import capture
+        settings, options = self.config.forensics, self.config.options_for(target)
+        try:
+            answer = capture(target, deadline=settings.deadline, native=settings.native,
+                             with_locals=settings.locals, py_spy=settings.py_spy,
+                             secrets=[options.api_key] if options.api_key else [])
+        except Exception:  # noqa: BLE001 - capture never raises; a bug here must not kill the thread silently
+            log.exception("forensics after /livez 503 of %s failed", target)
+            return
+        log.warning("forensics after /livez 503 target=%s signature=%s seconds=%s capture=%s", target,
+                    answer["signature"], answer["seconds"], json.dumps({"verdict": "hung", **answer}))

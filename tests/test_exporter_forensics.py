@@ -78,3 +78,36 @@ def test_targets_are_held_to_the_allowlist_and_validated(exporter_with, sim):
 def test_bad_forensics_config_names_the_key(data, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         exporter_config(data)
+
+
+def test_the_first_livez_503_of_an_incident_logs_the_stacks_once(exporter_with, sim, caplog):
+    import json
+    import logging
+    import time
+    caplog.set_level(logging.WARNING, logger="hangwatch.exporter")
+    exporter = exporter_with(FAST | {"forensics": {"enabled": True}})
+
+    def livez():
+        return requests.get(exporter + "/livez", params={"target": sim.url}, timeout=30).status_code
+
+    def captures():
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("forensics after /livez 503")]
+
+    def wait_captures(n):
+        deadline = time.monotonic() + 20
+        while len(captures()) < n:
+            assert time.monotonic() < deadline, captures()
+            time.sleep(0.05)
+    sim.set_state("unresponsive")
+    assert [livez() for _ in range(3)] == [503, 503, 503]
+    wait_captures(1)
+    line = captures()[0]
+    answer = json.loads(line.split(" capture=", 1)[1])
+    assert answer["verdict"] == "hung" and [p for p in answer["processes"] if p["pid"] == os.getpid()]
+    sim.set_state("idle")
+    assert livez() == 200
+    sim.set_state("unresponsive")
+    assert livez() == 503
+    wait_captures(2)
+    assert len(captures()) == 2  # one per incident: three 503s in the first gave one capture
+
