@@ -161,17 +161,22 @@ def find_server(url: str, proc: str = "/proc") -> Found:
     wanted = host_addresses(host)
     everyone = pids(proc)
     inodes: set[str] = set()
-    seen_netns: set[str] = set()
-    for pid in everyone:  # one read of each network namespace's tables
+    tables = [f"{proc}/self/net"]  # our own network namespace, then each other one once
+    try:
+        seen_netns = {os.readlink(f"{proc}/self/ns/net")}
+    except OSError:
+        seen_netns = set()
+    for pid in everyone:
         try:
             netns = os.readlink(f"{proc}/{pid}/ns/net")
-        except OSError:
-            netns = f"unknown-{pid}" if not seen_netns else None
-        if netns is None or netns in seen_netns:
+        except OSError:  # not ours to read: its sockets show only if it shares a namespace we read
             continue
-        seen_netns.add(netns)
+        if netns not in seen_netns:
+            seen_netns.add(netns)
+            tables.append(f"{proc}/{pid}/net")
+    for directory in tables:
         for table in ("tcp", "tcp6"):
-            inodes |= listening_inodes(f"{proc}/{pid}/net/{table}", port, wanted)
+            inodes |= listening_inodes(f"{directory}/{table}", port, wanted)
     if not inodes:
         found.errors.append(f"no socket listening on port {port} is visible here: the server runs in another "
                             f"PID namespace (compose: pid: \"service:<server>\"; Kubernetes: shareProcessNamespace) "
