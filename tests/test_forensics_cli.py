@@ -57,6 +57,8 @@ def test_a_hung_target_is_captured_from_its_url(sim):
     frames = {f["name"] for t in ours[0]["threads"] for f in t["frames"]}
     assert any("test_a_hung_target_is_captured_from_its_url" in name for name in frames)
     assert answer["signature"] in ("unknown", "gil_holder") and answer["evidence"]
+    # the capturing command is this process's child, but never part of its own capture
+    assert [p["pid"] for p in answer["processes"]] == [os.getpid()]
 
 
 def test_the_human_form_leads_with_the_signature(sim):
