@@ -39,9 +39,20 @@ def wedged_server(workdir: str) -> VLLMServer:
     return server
 
 
+def save(answer: dict, path: str) -> None:
+    """A real capture as a signature test case (tests/test_forensics_signatures.py)."""
+    case = {"note": "captured from the real vLLM 0.32 (CPU) wedged by tests/vllm_faults (bench/bench_forensics.py)",
+            "expect": "engine_step_stuck", "evidence_contains": "hangwatch_fault_wedged_here",
+            "captured": [{k: p[k] for k in ("pid", "name", "state", "threads")} for p in answer["processes"]]}
+    with open(path, "w") as handle:
+        json.dump(case, handle, indent=1)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--save", metavar="DIR", default=str(REPO / "tests" / "data" / "forensics"),
+                        help="write one capture of the wedged server there (real-vllm-wedged.json)")
     args = parser.parse_args(argv)
     import tempfile
     with tempfile.TemporaryDirectory() as workdir:
@@ -67,6 +78,8 @@ def main(argv=None) -> int:
                                  sum(len(t["frames"]) for p in answer["processes"] for t in p["threads"]),
                                  answer["signature"], len(answer["errors"]))
                     rows.append((label, shape, seconds))
+                    if not options and args.save:
+                        save(answer, os.path.join(args.save, "real-vllm-wedged.json"))
                 cli = []
                 for _ in range(max(1, args.runs // 2)):
                     t0 = time.monotonic()

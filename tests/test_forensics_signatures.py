@@ -15,7 +15,9 @@ CASES = sorted(glob.glob(os.path.join(DATA, "*.json")))
 
 
 def processes_of(case: dict) -> list[dict]:
-    """The capture's own shape, from py-spy's raw `dump --json` threads."""
+    """The capture's own shape: as captured (``captured``), or from py-spy's raw `dump --json` threads."""
+    if "captured" in case:
+        return case["captured"]
     return [{"pid": p["pid"], "name": p["name"], "state": p["state"],
              "threads": [_thread(t, with_locals=False) for t in p["threads"]]} for p in case["processes"]]
 
