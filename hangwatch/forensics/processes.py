@@ -212,7 +212,7 @@ def find_server(url: str, proc: str = "/proc") -> Found:
     queue = sorted(set(roots))
     while queue:
         pid = queue.pop(0)
-        if pid in order or pid == os.getpid():  # never the capture itself (a CLI run from the server)
+        if pid in order or (pid == os.getpid() and pid not in roots):  # not the capture itself, run from the server
             continue
         order.append(pid)
         queue.extend(sorted(children.get(pid, ())))
