@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Mapping
 
+from hangwatch.forensics.capture import scrub
+
 from . import limits
 from .config import Config, Target
 from .forensics import ask as ask_forensics
@@ -285,9 +287,10 @@ class Policy:
         if target.forensics_url is None:
             return None
         try:
-            return self.forensics(target.forensics_url, target.url, self.config.forensics_timeout)
+            answer = self.forensics(target.forensics_url, target.url, self.config.forensics_timeout)
         except Exception as exc:  # the restart goes on whatever the capture does
-            return {"signature": None, "processes": [], "errors": [f"capture failed: {type(exc).__name__}: {exc}"]}
+            answer = {"signature": None, "processes": [], "errors": [f"capture failed: {type(exc).__name__}: {exc}"]}
+        return scrub(answer, [target.api_key] if target.api_key else [])  # the exporter scrubbed too; keys never land here
 
     def _record_restart(self, alert: Alert, target: Target, incident: dict) -> tuple[float, str] | None:
         """Under the fleet lock: the fleet-wide limits, then both records (before the Docker call: a

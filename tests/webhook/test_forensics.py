@@ -165,3 +165,21 @@ def test_bad_forensics_config_names_the_key(tmp_path, raw, key):
         parse_config({"state_dir": str(tmp_path), "targets": [dict(TARGETS[0], **raw)]})
     with pytest.raises(ConfigError, match="forensics_timeout"):
         parse_config({"state_dir": str(tmp_path), "forensics_timeout": "never", "targets": [TARGETS[1]]})
+
+
+def test_no_api_key_or_token_reaches_the_incident_whatever_the_capture_answers(built, tmp_path):
+    key = "sk-target-key-0123456789abcdef"
+    (tmp_path / "key").write_text(key)
+    leaky = dict(CAPTURE, evidence=[f"pid 1: local api_key={key!r}", "header Bearer abcdefghijklmnop0123"])
+    targets = [dict(TARGETS[0], api_key_file=str(tmp_path / "key")), TARGETS[1]]
+    h = Harness(tmp_path / "state2", forensics=Capturer(leaky), targets=targets)
+    try:
+        h.post(payload(h.alert()))
+        h.settle()
+        assert h.restarter.restarts == [("vllm-a", 30)]
+        texts = [p.read_text() for p in (h.state_dir / "incidents").glob("*.json")]
+        texts.append((h.state_dir / "ledger.jsonl").read_text())
+        assert texts[0] and not any(key in t or "abcdefghijklmnop0123" in t for t in texts)
+        assert "<redacted>" in texts[0]
+    finally:
+        h.close()
