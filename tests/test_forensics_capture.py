@@ -152,3 +152,16 @@ def test_a_stopped_process_is_named_by_its_state(server):
 def test_secret_flag_values_leave_command_lines():
     assert redact_argv(("vllm", "--api-key", "K1", "--hf-token=K2", "--port", "8000")) == (
         "vllm", "--api-key", "<redacted>", "--hf-token=<redacted>", "--port", "8000")
+
+
+def test_a_discovery_that_never_ends_is_cut_at_the_deadline(monkeypatch):
+    import importlib
+    import threading as threads
+    module = importlib.import_module("hangwatch.forensics.capture")
+    never = threads.Event()
+    monkeypatch.setattr(module, "find_server", lambda url, proc: never.wait(30))
+    started = time.monotonic()
+    result = capture("http://127.0.0.1:8000", deadline=0.5)
+    never.set()
+    assert time.monotonic() - started < 2.0
+    assert result["processes"] == [] and "discovery did not finish" in result["errors"][0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Callable, Iterable
@@ -34,11 +35,7 @@ def capture(url: str, *, deadline: float = DEADLINE, native: bool = False, with_
     ends = started + deadline
     captured_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     errors: list[str] = []
-    try:
-        found = find_server(url, proc)
-    except Exception as exc:  # noqa: BLE001 - a capture explains, never raises
-        found = None
-        errors.append(f"process discovery failed: {type(exc).__name__}: {exc}")
+    found = _discover(url, proc, ends - clock(), errors)
     processes: list[dict] = []
     if found is not None:
         errors += found.errors
@@ -75,6 +72,26 @@ def capture(url: str, *, deadline: float = DEADLINE, native: bool = False, with_
     result |= {"signature": signature.name, "cause": signature.cause, "evidence": signature.evidence}
     result["seconds"] = round(clock() - started, 3)
     return scrub(result, [s for s in secrets if s])
+
+
+def _discover(url: str, proc: str, seconds_left: float, errors: list[str]):
+    """``find_server`` within the deadline too (a host name to resolve, a huge /proc)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["found"] = find_server(url, proc)
+        except Exception as exc:  # noqa: BLE001 - a capture explains, never raises
+            box["error"] = f"process discovery failed: {type(exc).__name__}: {exc}"
+    worker = threading.Thread(target=run, name="hangwatch-forensics-discovery", daemon=True)
+    worker.start()
+    worker.join(max(0.0, seconds_left))
+    if worker.is_alive():
+        errors.append("process discovery did not finish before the capture's deadline")
+        return None
+    if "error" in box:
+        errors.append(box["error"])
+    return box.get("found")
 
 
 def _thread(raw: dict, with_locals: bool) -> dict:
