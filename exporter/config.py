@@ -12,13 +12,13 @@ from hangwatch import liveness
 from hangwatch.modules import MODULES
 from hangwatch.observation import PROBE_AUTO, PROBE_KINDS, PROBE_NONE, Options
 from hangwatch.settings import (ConfigError, boolean, duration, http_url, load_yaml, mapping, optional_duration,
-                                secret_file, show)
+                                secret_file, show, string)
 
 __all__ = ["ConfigError", "ExporterConfig", "TargetSettings", "exporter_config", "load_exporter_config"]
 
 KEYS = {"timeout", "timeout_offset", "allow_targets", "allow_any_target", "max_concurrent_probes",
         "max_connections", "read_timeout", "api_key_file", "targets",
-        "liveness_interval", "liveness_timeout", "liveness_budget"}
+        "liveness_interval", "liveness_timeout", "liveness_budget", "forensics"}
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,17 @@ class TargetSettings:
     api_key: str | None = field(default=None, repr=False)  # never printed
     probe: str | None = None  # None: the default (auto)
     module: str = "backend"
+
+
+@dataclass(frozen=True)
+class ForensicsSettings:
+    """``GET /forensics``: off unless enabled; the capture's deadline and what it reads."""
+
+    enabled: bool = False
+    deadline: float = 10.0
+    locals: bool = False
+    native: bool = False
+    py_spy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,7 @@ class ExporterConfig:
     liveness_interval: float = liveness.INTERVAL
     liveness_timeout: float = liveness.TIMEOUT
     liveness_budget: float = liveness.BUDGET
+    forensics: ForensicsSettings = ForensicsSettings()
 
     def __post_init__(self):
         object.__setattr__(self, "_allowed", frozenset(self.allow_targets))
@@ -117,6 +129,17 @@ def module_name(value: Any, path: str) -> str:
     return value
 
 
+def forensics_settings(raw: Any) -> ForensicsSettings:
+    data = mapping(raw, "forensics", {"enabled", "deadline", "locals", "native", "py_spy"})
+    defaults = ForensicsSettings()
+    return ForensicsSettings(
+        enabled=boolean(data["enabled"], "forensics.enabled") if "enabled" in data else defaults.enabled,
+        deadline=optional_duration(data, "deadline", "forensics", defaults.deadline, 0.1, 300),
+        locals=boolean(data["locals"], "forensics.locals") if "locals" in data else defaults.locals,
+        native=boolean(data["native"], "forensics.native") if "native" in data else defaults.native,
+        py_spy=string(data["py_spy"], "forensics.py_spy") if "py_spy" in data else None)
+
+
 def exporter_config(data: Any) -> ExporterConfig:
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {show(data)}")
@@ -169,6 +192,7 @@ def exporter_config(data: Any) -> ExporterConfig:
         liveness_interval=interval,
         liveness_timeout=check_timeout,
         liveness_budget=budget,
+        forensics=forensics_settings(data.get("forensics")),
     )
 
 

@@ -59,6 +59,7 @@ from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 from . import evloop
 from .collector import BackendCollector, render_series
 from .config import ExporterConfig, load_exporter_config
+from .forensics import LivezCaptures, forensics_route
 from .health import answer_health, shared_checks
 from .httpserver import BoundedHTTPServer, Request, Response, Route
 from . import query as queries
@@ -275,8 +276,13 @@ def health_route(endpoint: str, config: ExporterConfig, checks) -> Route:
     """``/livez`` or ``/readyz``: one bounded check per target, shared by concurrent callers.
     Overloaded (no worker free at once), liveness says alive — a restart needs proof of a hang —
     and readiness says not ready."""
+    captures = LivezCaptures(config) if endpoint == "livez" and config.forensics.enabled else None
+
     def handler(request: Request) -> Response:
-        return Response(*answer_health(endpoint, request.query, config, checks))
+        answer = answer_health(endpoint, request.query, config, checks)
+        if captures is not None:  # the stacks at the first 503 (docs/kubernetes.md)
+            captures.seen(request.query, answer[0])
+        return Response(*answer)
 
     def overloaded(request: Request) -> Response:
         code = 200 if endpoint == "livez" else 503
@@ -286,7 +292,8 @@ def health_route(endpoint: str, config: ExporterConfig, checks) -> Route:
 
 def routes(config: ExporterConfig, prober: Prober) -> dict[str, Route]:
     checks = shared_checks(config)  # /livez and /readyz share one bounded check per target
-    return {
+    extra = {"/forensics": forensics_route(config)} if config.forensics.enabled else {}
+    return extra | {
         "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded,
                         on_loop=prober.on_loop),
         "/livez": health_route("livez", config, checks),

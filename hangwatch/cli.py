@@ -86,6 +86,30 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--dry-run", action="store_true", help="decide and log, never restart")
     logs.add_arguments(w)
 
+    f = commands.add_parser("forensics", help="the stacks of a hung server's processes and a signature "
+                                              "(refused unless the target is judged hung now)")
+    f.add_argument("url", type=_url, help="the server's base URL; its processes are found from the port")
+    f.add_argument("--json", action="store_true", help="print one JSON object")
+    f.add_argument("--module", choices=MODULES, default="backend")
+    f.add_argument("--interval", type=_positive, default=5.0, help="seconds between the check's readings (default 5)")
+    f.add_argument("--timeout", type=_positive, default=5.0, help="seconds each check request may take (default 5)")
+    f.add_argument("--api-key-file", metavar="FILE", default=None, help="the backend's own API key (vLLM --api-key)")
+    f.add_argument("--deadline", type=_positive, default=10.0,
+                   help="seconds the whole capture may take (default 10); what is not read by then is cut")
+    f.add_argument("--locals", action="store_true", help="also read local variables (off by default; secret-named "
+                                                          "ones and the API key are blanked)")
+    f.add_argument("--native", action="store_true", help="also C/C++ frames (py-spy --native: pauses each "
+                                                          "process while it is read)")
+    f.add_argument("--py-spy", metavar="PATH", default=None, help="the py-spy binary (default: beside this Python, "
+                                                                  "then PATH)")
+
+    i = commands.add_parser("incidents", help="the webhook's restarts and their evidence; `incidents show ID`")
+    i.add_argument("show", nargs="*", metavar="show ID", help="`show ID`: one incident with its readings and stacks")
+    i.add_argument("--last", type=int, default=None, metavar="N", help="only the newest N")
+    i.add_argument("--json", action="store_true", help="JSON instead of a table")
+    i.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="the webhook's state_dir (default $HANGWATCH_STATE_DIR, else /var/lib/hangwatch)")
+
     commands.add_parser("simulate", help="a vLLM simulator for demos and tests (see hangwatch simulate --help)")
 
     from hangwatch.rules import cli as rules_cli
@@ -152,6 +176,53 @@ def run_liveness(args, url: str, module: str, show, **target) -> int:
     return code
 
 
+def run_forensics(args) -> int:
+    """0: captured (the target was hung; the errors say what could not be read); 1: refused, not
+    hung (nothing captured); 64: bad usage."""
+    from . import forensics
+    from .forensics.gate import capture_if_hung
+    api_key = None
+    if args.api_key_file:
+        try:
+            api_key = secret_file(args.api_key_file, "--api-key-file")
+        except ConfigError as exc:
+            raise _usage(str(exc)) from None
+    answer = capture_if_hung(
+        args.url, lambda: check(args.url, module=args.module, interval=args.interval, timeout=args.timeout,
+                                api_key=api_key),
+        secrets=[api_key] if api_key else [], deadline=args.deadline, native=args.native,
+        with_locals=args.locals, py_spy=args.py_spy)
+    if args.json:
+        print(json.dumps(answer))
+    elif not answer["captured"]:
+        sys.stderr.write(f"hangwatch: {answer['errors'][0]}\n")
+    else:
+        print(forensics.render(answer))
+    return 0 if answer["captured"] else 1
+
+
+def run_incidents(args) -> int:
+    import os
+
+    from . import incidents
+    state_dir = args.state_dir or os.environ.get(incidents.STATE_DIR_ENV) or incidents.DEFAULT_STATE_DIR
+    if args.last is not None and args.last < 0:
+        raise _usage("--last: expected zero or a positive number")
+    try:
+        if args.show:
+            if len(args.show) != 2 or args.show[0] != "show":
+                raise _usage("incidents: expected `incidents show ID` (or no words: the list)")
+            record = incidents.read_incident(state_dir, args.show[1])
+            print(json.dumps(record, indent=2, sort_keys=True) if args.json else incidents.render(record, args.show[1]))
+            return 0
+        rows = incidents.summaries(state_dir, args.last)
+    except incidents.IncidentError as exc:
+        sys.stderr.write(f"hangwatch: {exc}\n")
+        return 1
+    print(json.dumps([row.as_dict() for row in rows]) if args.json else incidents.table(rows))
+    return 0
+
+
 def _usage(message: str) -> SystemExit:
     sys.stderr.write(f"hangwatch: {message}\n")
     return SystemExit(EXIT_USAGE)
@@ -165,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check":
         return run_check(args)
+    if args.command == "forensics":
+        return run_forensics(args)
+    if args.command == "incidents":
+        return run_incidents(args)
     if args.command == "exporter":
         from hangwatch.exporter.server import main as exporter_main
         return exporter_main(args)

@@ -73,7 +73,9 @@ def test_exporter_config_keys_are_documented_both_ways():
     known = known_keys(exporter_config, {"no_such_key": 1}, ExporterConfigError)
     target = known_keys(exporter_config, {"targets": [{"url": "http://a:1", "no_such_key": 1}]},
                         ExporterConfigError)
-    assert set(rows("Exporter config")) == known | {f"targets[].{k}" for k in target}
+    forensics = known_keys(exporter_config, {"forensics": {"no_such_key": 1}}, ExporterConfigError)
+    assert set(rows("Exporter config")) == (known - {"forensics"}) | {f"targets[].{k}" for k in target} | {
+        f"forensics.{k}" for k in forensics}
 
 
 def test_exporter_config_defaults_are_the_documented_ones():
@@ -87,6 +89,8 @@ def test_exporter_config_defaults_are_the_documented_ones():
             assert value_of(text) == actual, key
         elif key == "api_key_file":
             assert value_of(text) == defaults.api_key, key
+        elif key.startswith("forensics."):
+            assert value_of(text) == getattr(defaults.forensics, key.split(".")[1]), key
         else:
             assert value_of(text) == getattr(defaults, key), key
 
@@ -148,7 +152,7 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
     return action.choices
 
 
-@pytest.mark.parametrize("command", ["check", "exporter", "webhook", "rules", "dashboard"])
+@pytest.mark.parametrize("command", ["check", "exporter", "webhook", "rules", "dashboard", "forensics", "incidents"])
 def test_every_flag_is_documented_with_its_default(command):
     documented = rows(f"`hangwatch {command}")
     flags = {}
@@ -179,7 +183,8 @@ def help_flags(main) -> set[str]:
 def test_simulator_flags_are_documented_both_ways():
     from hangwatch.simulator import main
     assert set(rows("`hangwatch simulate")) == help_flags(main)
-    assert set(subcommands()) == {"check", "exporter", "webhook", "simulate", "rules", "dashboard"}
+    assert set(subcommands()) == {"check", "exporter", "webhook", "simulate", "rules", "dashboard", "forensics",
+                                  "incidents"}
 
 
 def test_demo_flags_are_documented_both_ways():

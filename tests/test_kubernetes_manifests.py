@@ -29,7 +29,7 @@ from tests.support.require import require, require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBE = ROOT / "deploy" / "kubernetes"
-DIRECTORIES = ["base", "vllm", "external", "."]
+DIRECTORIES = ["base", "vllm", "external", ".", "forensics"]
 # The oldest version with native sidecars on by default, and the newest the validator knows.
 VERSIONS = ["1.29", "1.33", "latest"]
 CRD_KINDS = {"PrometheusRule", "ServiceMonitor", "Probe"}
@@ -64,6 +64,7 @@ def test_every_directory_renders_with_kubectl_kustomize(directory):
         "vllm": ["ConfigMap", "Deployment", "Namespace", "Service", "ServiceMonitor"],
         "external": ["ConfigMap", "Deployment", "Namespace", "NetworkPolicy", "Probe", "PrometheusRule",
                      "Service", "ServiceAccount"],
+        "forensics": ["ConfigMap", "Deployment", "Namespace", "Service", "ServiceMonitor"],
     }.get(directory)
     assert kinds == (expected or sorted(set(kinds) | {"Probe", "ServiceMonitor", "PrometheusRule"}))
 
@@ -264,3 +265,38 @@ def test_hangwatch_containers_run_unprivileged_with_limits(rendered):
         assert context["capabilities"]["drop"] == ["ALL"] and context["seccompProfile"]["type"] == "RuntimeDefault"
         assert {"cpu", "memory"} <= set(container["resources"]["limits"])
         assert container["image"] == "hangwatch:0.2.0"
+
+
+# -- stack capture: only in the forensics overlay ------------------------------------------------
+def capture_settings(objects: list[dict]) -> tuple[dict, dict, dict, ExporterConfig]:
+    pod = one(objects, "Deployment", "vllm")["spec"]["template"]["spec"]
+    sidecar, = pod["initContainers"]
+    vllm, = pod["containers"]
+    return pod, sidecar, vllm, config_of(objects, "hangwatch-sidecar")
+
+
+def test_the_default_manifests_stay_restricted_with_capture_off(rendered):
+    pod, sidecar, vllm, config = capture_settings(rendered)
+    assert "shareProcessNamespace" not in pod and config.forensics.enabled is False
+    assert "add" not in sidecar["securityContext"]["capabilities"]
+    namespace = one(rendered, "Namespace", "llm")
+    assert "pod-security.kubernetes.io/enforce" not in namespace["metadata"].get("labels", {})
+
+
+def test_the_forensics_overlay_shares_the_pid_namespace_and_ptrace_for_the_sidecar_only():
+    objects = kustomize("forensics")
+    pod, sidecar, vllm, config = capture_settings(objects)
+    assert pod["shareProcessNamespace"] is True and config.forensics.enabled is True
+    assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert "securityContext" not in vllm or "add" not in vllm["securityContext"].get("capabilities", {})
+    assert sidecar["securityContext"]["allowPrivilegeEscalation"] is False
+    # SYS_PTRACE is outside Pod Security restricted and baseline: the namespace must say so
+    labels = one(objects, "Namespace", "llm")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    # everything else of the sidecar's config is the default one's
+    default = config_of(kustomize("vllm"), "hangwatch-sidecar")
+    assert (config.allow_targets, config.liveness_budget) == (default.allow_targets, default.liveness_budget)
+    kv = k8s_validate()
+    for obj in objects:
+        if obj["kind"] not in CRD_KINDS:
+            kv.validate(obj, kv.utils.latest_version(), strict=True)

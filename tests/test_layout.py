@@ -43,10 +43,10 @@ def offending(names: set[str], forbidden: tuple[str, ...]) -> set[str]:
     return {name for name in names if any(name == f or name.startswith(f + ".") for f in forbidden)}
 
 
-CORE = sorted(p for p in (ROOT / "hangwatch").glob("*.py") if p.name not in ("cli.py", "__main__.py"))
+CORE = sorted(p for p in (ROOT / "hangwatch").rglob("*.py") if p.name not in ("cli.py", "__main__.py"))
 
 
-@pytest.mark.parametrize("path", CORE, ids=[p.name for p in CORE])
+@pytest.mark.parametrize("path", CORE, ids=[str(p.relative_to(ROOT / "hangwatch")) for p in CORE])
 def test_the_core_imports_no_face_and_no_framework(path):
     bad = offending(imported(path, "hangwatch"), (*FACES.values(), "hangwatch.simulator", *FRAMEWORKS))
     assert not bad, f"hangwatch/{path.name} imports {sorted(bad)}"

@@ -68,3 +68,22 @@ def test_the_units_configs_load_and_the_webhook_may_finish_a_restart():
     stop = float(service["TimeoutStopSec"].rstrip("s"))
     assert stop > restart_bound(webhook), "systemd would SIGKILL a restart under way"
     assert (webhook.targets[0].name, webhook.targets[0].url) == ("vllm", exporter.allow_targets[0])
+
+
+def test_the_forensics_drop_in_grants_ptrace_and_systemd_accepts_it(tmp_path):
+    """deploy/systemd/hangwatch-exporter.service.d/forensics.conf: the exporter unit with it is still
+    valid, and only then may it ptrace (the unit alone has no capability at all)."""
+    analyze = require_binary("systemd-analyze")
+    hangwatch = Path(sys.executable).parent / "hangwatch"
+    drop_in = (UNITS / "hangwatch-exporter.service.d" / "forensics.conf").read_text()
+    merged = (UNITS / "hangwatch-exporter.service").read_text().replace(INSTALLED, str(hangwatch)) + "\n" + drop_in
+    (tmp_path / "hangwatch-exporter.service").write_text(merged)
+    done = subprocess.run([analyze, "verify", "--man=no", str(tmp_path / "hangwatch-exporter.service")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+    assert unit("hangwatch-exporter.service")["Service"]["CapabilityBoundingSet"] == ""
+    granted = configparser.ConfigParser(strict=False, interpolation=None)
+    granted.optionxform = str
+    granted.read_string(drop_in)
+    for key in ("AmbientCapabilities", "CapabilityBoundingSet"):
+        assert set(granted["Service"][key].split()) == {"CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}

@@ -87,7 +87,7 @@ class WebhookState:
 def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str, Restarter],
                reset_token: str | None = None,
                clock=time.time, rechecker=None, dry_run: bool | None = None, ledger: Ledger | None = None,
-               replica: str | None = None, engine_deadline: float = ENGINE_DEADLINE) -> Flask:
+               replica: str | None = None, engine_deadline: float = ENGINE_DEADLINE, forensics=None) -> Flask:
     if rechecker is None:
         from hangwatch.check import check as rechecker
     ledger = ledger or Ledger(config.state_dir, keep=config.history)
@@ -99,7 +99,7 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
                    groups={target.name: target.group for target in config.targets},
                    results=("dry_run",) if dry_run else ("ok", "failed"))
     policy = Policy(config, restarter=restarter, clock=clock, rechecker=rechecker, ledger=ledger, metrics=metrics,
-                    dry_run=dry_run, replica=replica)
+                    dry_run=dry_run, replica=replica, forensics=forensics)
     worker = Worker(policy.run)
     holder.update(policy=policy, worker=worker)
     state = WebhookState(config, policy, worker, ledger, metrics,

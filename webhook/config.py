@@ -56,6 +56,7 @@ class Target:
     probe: str = PROBE_AUTO
     docker_host: DockerHost = DEFAULT_HOST
     group: str | None = None  # the targets that serve one model (group_limit); from the config only
+    forensics_url: str | None = None  # the exporter asked for the stacks before a restart (GET /forensics)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Config:
     group_limit: int | str = 1                          # a count, or a share such as "25%"
     recovery: float = 900.0
     fleet_budget: Budget = field(default_factory=lambda: Budget(restarts=10, window=3600.0))
+    forensics_timeout: float = 30.0                     # the longest a restart waits for the stacks
 
     def target(self, name: str) -> Target | None:
         return next((t for t in self.targets if t.name == name), None)
@@ -100,7 +102,7 @@ def parse_config(raw) -> Config:
         raise ConfigError(f"config: expected a mapping, got {show(raw)}")
     top = mapping(raw, "", {"token_file", "reset_token_file", "state_dir", "dry_run", "alertnames", "recheck",
                             "cooldown", "budget", "targets", "docker_hosts", "group_limit", "recovery",
-                            "fleet_budget"})
+                            "fleet_budget", "forensics_timeout"})
     defaults = Config(targets=())
     token_file = top.get("token_file")
     if token_file is not None:
@@ -125,6 +127,7 @@ def parse_config(raw) -> Config:
     group_limit = _group_limit(top.get("group_limit", defaults.group_limit))
     recovery = optional_duration(top, "recovery", "", defaults.recovery, 1, 7 * 86400)
     hosts = parse_docker_hosts(top.get("docker_hosts"))
+    forensics_timeout = optional_duration(top, "forensics_timeout", "", defaults.forensics_timeout, 0.1, 600)
 
     targets_raw = top.get("targets")
     if not isinstance(targets_raw, list) or not targets_raw:
@@ -145,7 +148,7 @@ def parse_config(raw) -> Config:
     return Config(targets=targets, token_file=token_file, reset_token_file=reset_token_file,
                   state_dir=state_dir, dry_run=dry_run, alertnames=alertnames, recheck=recheck,
                   cooldown=cooldown, budget=budget, docker_hosts=tuple(hosts.values()), group_limit=group_limit,
-                  recovery=recovery, fleet_budget=fleet_budget)
+                  recovery=recovery, fleet_budget=fleet_budget, forensics_timeout=forensics_timeout)
 
 
 def _budget(raw, path: str, default: Budget) -> Budget:
@@ -211,7 +214,7 @@ def _target(raw, path: str, hosts: dict[str, DockerHost]) -> Target:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping, got {show(raw)}")
     data = mapping(raw, path, {"name", "container", "url", "module", "stop_timeout", "api_key_file", "probe",
-                               "docker_host", "group"},
+                               "docker_host", "group", "forensics_url"},
                    required={"name", "container", "url"})
     name = string(data["name"], f"{path}.name")
     if not _NAME.match(name):
@@ -239,5 +242,6 @@ def _target(raw, path: str, hosts: dict[str, DockerHost]) -> Target:
         group = string(data["group"], f"{path}.group")
         if not _NAME.match(group):
             raise ConfigError(f"{path}.group: {group!r} must be letters, digits, '_', '.', '-' (at most 63)")
+    forensics_url = http_url(data["forensics_url"], f"{path}.forensics_url") if "forensics_url" in data else None
     return Target(name=name, container=container, url=url, module=module, stop_timeout=stop_timeout,
-                  api_key=api_key, probe=probe, docker_host=docker_host, group=group)
+                  api_key=api_key, probe=probe, docker_host=docker_host, group=group, forensics_url=forensics_url)

@@ -39,8 +39,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Mapping
 
+from hangwatch.forensics.capture import scrub
+
 from . import limits
 from .config import Config, Target
+from .forensics import ask as ask_forensics
 from .ledger import Ledger, LedgerError, fleet_lock, target_lock, write_incident
 from .metrics import WebhookMetrics
 from .payload import Alert
@@ -106,8 +109,10 @@ def show(value) -> str:
 
 class Policy:
     def __init__(self, config: Config, *, restarter: Restarter | Mapping[str, Restarter], clock: Callable[[], float],
-                 rechecker, ledger: Ledger, metrics: WebhookMetrics, dry_run: bool, replica: str | None = None):
+                 rechecker, ledger: Ledger, metrics: WebhookMetrics, dry_run: bool, replica: str | None = None,
+                 forensics: Callable[[str, str, float], dict] | None = None):
         self.config = config
+        self.forensics = forensics or ask_forensics
         self.engines = engines_for(config, restarter)
         self.clock = clock
         self.rechecker = rechecker
@@ -181,7 +186,8 @@ class Policy:
         if self.stopping:
             self.record(alert, target, SKIP, "shutting_down", STOPPING)
             return
-        deadline = target.stop_timeout + 2 * self.config.recheck.timeout + 60
+        deadline = target.stop_timeout + 2 * self.config.recheck.timeout + 60 + (
+            self.config.forensics_timeout if target.forensics_url else 0)
         try:
             with target_lock(self.config.state_dir, target.name, deadline=deadline, cancelled=lambda: self.stopping):
                 container = self._vetoed(alert, target, since=recheck_started, refresh=True)
@@ -238,6 +244,7 @@ class Policy:
             self.metrics.restarts.labels(target.name, "dry_run").inc()
             self.record(alert, target, RESTART, "hung", result.verdict.reason, dry_run=True)
             return
+        stacks = self._capture(target)  # once per restart: the vetoes above hold under the target's lock
         incident = {
             "target": target.name, "container": target.container, "container_id": container.id,
             "docker_host": target.docker_host.name, "group": target.group,
@@ -249,6 +256,10 @@ class Policy:
             "observations": [_safe(o.as_dict) for o in result.observations],
             "logs": self._log_tail(target, container),  # a Docker call: before the fleet lock, not under it
         }
+        signed = {}
+        if stacks is not None:
+            incident |= {"forensics": stacks, "signature": stacks.get("signature")}
+            signed = {"signature": stacks.get("signature") or "none"}
         try:
             recorded = self._record_restart(alert, target, incident)
         except TimeoutError as exc:
@@ -263,13 +274,23 @@ class Policy:
         except Exception as exc:
             outcome, detail = "failed", f"restart failed: {type(exc).__name__}: {str(exc)[:200]}"
         self.metrics.restarts.labels(target.name, outcome).inc()
-        self.record(alert, target, RESTART, "hung", detail, result=outcome, incident=path)
+        self.record(alert, target, RESTART, "hung", detail, result=outcome, incident=path, **signed)
         if outcome == "ok" and target.group is not None:
             self._watch_recovery(target, now)
         counted = self.ledger.restarts_counted(target.name, self.clock(), self.config.budget.window)
         if len(counted) >= self.config.budget.restarts:
             log.error("CIRCUIT OPEN target=%s container=%s %s", target.name, target.container,
                       self._circuit_detail(counted))
+
+    def _capture(self, target: Target) -> dict | None:
+        """The stacks from the target's forensics place (None: none configured), within the deadline."""
+        if target.forensics_url is None:
+            return None
+        try:
+            answer = self.forensics(target.forensics_url, target.url, self.config.forensics_timeout)
+        except Exception as exc:  # the restart goes on whatever the capture does
+            answer = {"signature": None, "processes": [], "errors": [f"capture failed: {type(exc).__name__}: {exc}"]}
+        return scrub(answer, [target.api_key] if target.api_key else [])  # the exporter scrubbed too; keys never land here
 
     def _record_restart(self, alert: Alert, target: Target, incident: dict) -> tuple[float, str] | None:
         """Under the fleet lock: the fleet-wide limits, then both records (before the Docker call: a

@@ -25,14 +25,15 @@ def make_config(state_dir, **overrides):
 class Harness:
     """One app with fakes; ``post`` sends an authorized payload; ``settle`` waits for the worker."""
 
-    def __init__(self, state_dir, clock=None, restarter=None, rechecker=None, reset_token=None, **config):
+    def __init__(self, state_dir, clock=None, restarter=None, rechecker=None, reset_token=None, forensics=None,
+                 **config):
         self.state_dir = state_dir
         self.clock = clock or FakeClock()
         self.restarter = restarter or FakeRestarter(self.clock)
         self.rechecker = rechecker or FakeRechecker()
         self.config = make_config(state_dir, **config)
         self.app = create_app(self.config, token=TOKEN, reset_token=reset_token, restarter=self.restarter,
-                              clock=self.clock, rechecker=self.rechecker)
+                              clock=self.clock, rechecker=self.rechecker, forensics=forensics)
         self.state = self.app.extensions["hangwatch"]
         self.client = self.app.test_client()
 

@@ -15,7 +15,7 @@ import sys
 ENV = "HANGWATCH_VLLM_FAULT"
 
 # fault name -> module (in this package) whose install() patches vLLM
-FAULTS: dict[str, str] = {}
+FAULTS: dict[str, str] = {"wedge": "wedge"}
 
 
 def register() -> None:

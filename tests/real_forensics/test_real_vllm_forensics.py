@@ -1,0 +1,173 @@
+"""`hangwatch forensics` on a real vLLM: refused while it serves, the stacks and the right signature
+when it hangs — a SIGSTOP'd EngineCore ("process stopped") and an EngineCore wedged in a named
+function by the fault plugin ("engine step stuck", naming the function)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from tests.real.vllm_server import proc_title
+from tests.support.processes import start_server
+from tests.support.require import require_binary
+from tests.support.stack import Stack, hangwatch_command
+from tests.support.wait import wait_until
+from tests.webhook.real_parts import Backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.real
+
+CHECK = ["--interval", "1", "--timeout", "3"]
+TOKEN = "forensics-e2e-token-0123456789-0123456789"  # the webhook needs 32 characters or more
+
+
+def forensics(url: str, *args: str) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "hangwatch", "forensics", url, "--json", *CHECK, *args],
+                          capture_output=True, text=True, timeout=120)
+    return done.returncode, json.loads(done.stdout)
+
+
+def wait_still(server, running: int, apart_s: float = 1.5, deadline_s: float = 60):
+    """The first /metrics page identical to one read ``apart_s`` earlier, ``running`` in flight."""
+    deadline = time.monotonic() + deadline_s
+    earlier = server.metrics()
+    while True:
+        time.sleep(apart_s)
+        page = server.metrics()
+        if page.series() == earlier.series() and page.value("vllm:num_requests_running") == running:
+            return page
+        assert time.monotonic() < deadline, "the page never stood still"
+        earlier = page
+
+
+def shape(answer: dict) -> str:
+    threads = sum(len(p["threads"]) for p in answer["processes"])
+    return (f"{len(answer['processes'])} processes, {threads} threads, capture {answer['seconds']} s "
+            f"(deadline {answer['deadline']} s)")
+
+
+def test_refused_while_serving_then_a_stopped_engine_core_is_named(wedgeable_vllm):
+    server = wedgeable_vllm
+    code, answer = forensics(server.url)
+    assert code == 1 and answer["verdict"] == "idle" and answer["processes"] == [], answer
+    with server.generations(n=2):
+        server.wait_until(lambda p: p.value("vllm:num_requests_running") == 2, 60, what="two running")
+        code, answer = forensics(server.url)
+        assert code == 1 and answer["verdict"] == "busy", answer
+        engine = server.freeze()
+        try:
+            server.wait_frozen(running=2)
+            code, answer = forensics(server.url)
+        finally:
+            server.thaw()
+    print("SIGSTOP'd EngineCore:", shape(answer))
+    assert code == 0 and answer["verdict"] == "hung", answer
+    assert answer["signature"] == "process_stopped", answer["evidence"]
+    assert f"pid {engine} (VLLM::EngineCore)" in answer["evidence"][0] and "last stack" in answer["evidence"][0]
+    by_pid = {p["pid"]: p for p in answer["processes"]}
+    assert by_pid[engine]["state"] == "T" and by_pid[engine]["threads"], by_pid[engine]
+    assert answer["processes"][0]["pid"] == server.proc.pid  # the listener: the API server
+    assert any(proc_title(p["pid"]).startswith("VLLM::Worker") for p in answer["processes"])
+    assert answer["errors"] == []
+    server.wait_idle(60)
+
+
+def test_a_wedged_engine_core_is_named_with_the_function_it_waits_in(wedgeable_vllm):
+    server = wedgeable_vllm
+    server.prove_healthy()
+    with server.generations(n=2):
+        server.wait_until(lambda p: p.value("vllm:num_requests_running") == 2, 60, what="two running")
+        open(server.wedge_trigger, "w").close()
+        wait_still(server, running=2)
+        code, answer = forensics(server.url)
+        print("wedged EngineCore:", shape(answer))
+        assert code == 0 and answer["verdict"] == "hung", answer
+        engine = next(p for p in answer["processes"] if p["name"].startswith("VLLM::EngineCore"))
+        main = next(t for t in engine["threads"] if t["os_thread_id"] == engine["pid"])
+        names = [f["name"] for f in main["frames"]]
+        assert any(name.endswith("hangwatch_fault_wedged_here") for name in names), names
+        assert answer["signature"] == "engine_step_stuck", (answer["signature"], answer["evidence"])
+        assert any("hangwatch_fault_wedged_here" in line and f"pid {engine['pid']}" in line
+                   for line in answer["evidence"]), answer["evidence"]
+        human = subprocess.run([sys.executable, "-m", "hangwatch", "forensics", server.url, *CHECK],
+                               capture_output=True, text=True, timeout=120)
+        assert human.returncode == 0 and "signature: engine_step_stuck" in human.stdout
+
+
+def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, docker_client, backend_image, tmp_path):
+    """Wedged real vLLM → exporter → Prometheus → Alertmanager → webhook re-check → capture (asked
+    of a forensics exporter beside vLLM) → restart on the real dockerd (of a stub container that
+    shares nothing with vLLM) → an incident with the stacks and the signature → `incidents show`."""
+    require_binary("prometheus")
+    require_binary("prometheus-alertmanager")
+    server = wedgeable_vllm
+    stub = Backend(docker_client, backend_image, tmp_path / "backends")
+    stub.set_mode("idle")
+    place = tmp_path / "forensics-exporter.yml"
+    place.write_text(json.dumps({"allow_targets": [server.url], "forensics": {"enabled": True},
+                                 "liveness_interval": "1s", "liveness_timeout": "2s", "liveness_budget": "8s"}))
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    state_dir = tmp_path / "state"
+    load, forensics_place, webhook, stack = None, None, None, None
+    try:
+        forensics_place = start_server("forensics-exporter", [*hangwatch_command(), "exporter", "--listen",
+                                                              "127.0.0.1:0", "--config", str(place)],
+                                       tmp_path / "forensics-exporter.log", "/metrics")
+        config = tmp_path / "webhook.yml"
+        config.write_text(json.dumps({
+            "token_file": str(token), "state_dir": str(state_dir), "recheck": {"interval": "1s", "timeout": "2s"},
+            "targets": [{"name": "vllm-a", "container": stub.name, "url": server.url, "stop_timeout": "2s",
+                         "forensics_url": forensics_place.url}]}))
+        webhook = start_server("webhook", [*hangwatch_command(), "webhook", "--config", str(config), "--listen",
+                                           "127.0.0.1:0"], tmp_path / "webhook.log", "/healthz")
+        stack = Stack(tmp_path, scrape_interval=3.0, scrape_timeout=2.0, simulator=server,
+                      containers={"vllm-a": stub.name}, hook_url=webhook.url + "/alerts", token_file=token).start()
+        if not os.path.exists(server.wedge_trigger):  # alone (-k): wedge it here; after the test above it is
+            load = server.generations(n=2).__enter__()
+            server.wait_until(lambda p: p.value("vllm:num_requests_running") == 2, 60, what="two running")
+            open(server.wedge_trigger, "w").close()
+        wedged_at = time.monotonic()
+        wait_until(lambda: stub.restarts() >= 1, 150, "the stub container restarted", interval=0.5)
+        restarted_after = time.monotonic() - wedged_at
+        wait_until(lambda: requests.get(webhook.url + "/healthz", timeout=5).json()["jobs_in_progress"] == 0, 60,
+                   "the webhook to finish its jobs")
+        lines = [json.loads(line) for line in (state_dir / "ledger.jsonl").read_text().splitlines()]
+        (restart,) = [e for e in lines if e.get("event") == "decision" and e["action"] == "restart"]
+        assert restart["signature"] == "engine_step_stuck", restart
+        assert "signature=engine_step_stuck" in webhook.log_tail(200)
+        record = json.loads(open(restart["incident"]).read())
+        assert record["signature"] == "engine_step_stuck" and record["forensics"]["verdict"] == "hung"
+        frames = {f["name"] for p in record["forensics"]["processes"] if p["name"].startswith("VLLM::EngineCore")
+                  for t in p["threads"] for f in t["frames"]}
+        assert any(name.endswith("hangwatch_fault_wedged_here") for name in frames), frames
+        incident_id = os.path.basename(restart["incident"])[:-5]
+        listed = subprocess.run([*hangwatch_command(), "incidents", "--state-dir", str(state_dir), "--json"],
+                                capture_output=True, text=True, timeout=60)
+        assert [(r["id"], r["target"], r["signature"], r["outcome"]) for r in json.loads(listed.stdout)] == [
+            (incident_id, "vllm-a", "engine_step_stuck", "ok")]
+        shown = subprocess.run([*hangwatch_command(), "incidents", "show", incident_id, "--state-dir",
+                                str(state_dir)], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "signature:  engine_step_stuck" in shown.stdout
+        assert "hangwatch_fault_wedged_here" in shown.stdout
+        print(f"wedged -> restarted (with the capture) in {restarted_after:.1f} s; {shape(record['forensics'])}")
+    except BaseException:
+        if stack is not None:
+            print(stack.logs())
+        for process in (webhook, forensics_place):
+            if process is not None:
+                print(process.log_tail(60))
+        raise
+    finally:
+        if load is not None:
+            load.__exit__(None, None, None)
+        if stack is not None:
+            stack.close()
+        for process in (webhook, forensics_place):
+            if process is not None:
+                process.stop()
+        stub.remove()
