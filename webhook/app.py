@@ -60,6 +60,12 @@ class WebhookState:
     ledger: Ledger
     metrics: WebhookMetrics
     lookups: HostLookups
+    tokens: tuple[bytes, ...] = ()  # every bearer token some endpoint accepts
+
+    def may_send_body(self, authorization: str) -> bool:
+        """May a request with this ``Authorization`` header have its body read? Only with a
+        token some endpoint accepts (``server.BodyGate`` asks before buffering a body)."""
+        return any(bearer_matches(authorization, token) for token in self.tokens)
 
     @property
     def restart_bound(self) -> float:
@@ -102,19 +108,18 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
                     dry_run=dry_run, replica=replica)
     worker = Worker(policy.run)
     holder.update(policy=policy, worker=worker)
-    state = WebhookState(config, policy, worker, ledger, metrics,
-                         HostLookups([host.name for host in config.hosts], policy.container))
     alert_token = token.encode()
     reset_tokens = [(reset_token or token).encode()]
+    state = WebhookState(config, policy, worker, ledger, metrics,
+                         HostLookups([host.name for host in config.hosts], policy.container),
+                         tokens=(alert_token, *reset_tokens))
 
     app = Flask("hangwatch.webhook")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["hangwatch"] = state
 
     def authorized(expected: bytes) -> bool:
-        scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
-        given = credentials.strip().encode("utf-8", errors="replace")
-        return hmac.compare_digest(given, expected) and scheme.lower() == "bearer"
+        return bearer_matches(request.headers.get("Authorization", ""), expected)
 
     def unauthorized() -> Response:
         response = jsonify(error="missing or wrong bearer token")
@@ -193,6 +198,13 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
                        jobs_in_progress=worker.in_progress())
 
     return app
+
+
+def bearer_matches(authorization: str, expected: bytes) -> bool:
+    """Is ``authorization`` (an ``Authorization`` header) ``Bearer <expected>``? In constant time."""
+    scheme, _, credentials = authorization.partition(" ")
+    given = credentials.strip().encode("utf-8", errors="replace")
+    return hmac.compare_digest(given, expected) and scheme.lower() == "bearer"
 
 
 def main(args) -> int:

@@ -6,6 +6,8 @@ import time
 
 import requests
 
+from hangwatch.webhook.server import CONNECTION_LIMIT
+
 from .real_parts import WebhookProcess
 
 
@@ -49,7 +51,7 @@ def test_webhook_process_survives_slow_clients_and_stops_at_once_on_sigterm(tmp_
     sockets = []
     try:
         idle_threads = threads_of(process.process.pid)
-        for _ in range(300):
+        for _ in range(CONNECTION_LIMIT - 16):  # all held open at once, with room left for the checks
             connection = socket.create_connection(("127.0.0.1", process.port), timeout=5)
             connection.sendall(b"POST /alerts HTTP/1.1\r\nHost: webhook\r\n")
             sockets.append(connection)

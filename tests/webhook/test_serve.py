@@ -14,13 +14,13 @@ import time
 import pytest
 import requests
 
-from hangwatch.webhook.server import serve
+from hangwatch.webhook.server import CONNECTION_LIMIT, serve
 
 from .conftest import Harness
 from .fakes import TOKEN, payload
 from .real_parts import wait_for
 
-HALF_OPEN = 300
+HALF_OPEN = CONNECTION_LIMIT - 16  # all held open at once, with room left for the checks
 
 
 class Served:
