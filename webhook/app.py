@@ -31,7 +31,7 @@ from hangwatch import __version__, logs
 from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
 from .config import Config, load_config, load_reset_token, load_token
-from .ledger import Ledger, LedgerError
+from .ledger import Ledger, LedgerError, StateDirError
 from .lookups import HostLookups
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .payload import BadPayload, parse_payload
@@ -216,6 +216,8 @@ def main(args) -> int:
         host, port = listen_address(args.listen)
         try:
             ledger = Ledger(config.state_dir, keep=config.history)
+        except StateDirError as exc:
+            raise ConfigError(f"state_dir: {exc}") from None
         except (OSError, LedgerError) as exc:
             reason = getattr(exc, "strerror", None) or exc
             raise ConfigError(f"state_dir: cannot use {config.state_dir}: {reason}") from None
