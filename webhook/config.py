@@ -8,19 +8,18 @@ is ``hosts.py``'s, the fleet-wide limits' meaning is ``limits.py``'s.
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 from dataclasses import dataclass, field
 
 from hangwatch.modules import MODULES as MODULE_TABLE
 from hangwatch.observation import PROBE_AUTO, PROBE_KINDS
-from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, loose_permissions, mapping,
-                                optional_duration, secret_file, show, string, string_list)
+from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, mapping, optional_duration, secret_file,
+                                show, string, string_list)
 
 from .hosts import DEFAULT_HOST, DockerHost, parse_docker_hosts, resolve
+from .private import require_private
 
-log = logging.getLogger("hangwatch.webhook")
 
 TOKEN_ENV = "HANGWATCH_WEBHOOK_TOKEN"
 MIN_TOKEN_CHARS = 32  # secrets.token_urlsafe(32) gives 43; a short token can be guessed
@@ -194,9 +193,7 @@ def load_reset_token(config: Config, token: str) -> str | None:
 
 def _token_from_file(path: str, key: str) -> str:
     token = _long_enough(secret_file(path, key), f"{key}: the token in {path}")
-    if loose_permissions(path):
-        log.warning("%s: %s is readable or writable by others; make it readable by the webhook's user "
-                    "(and group) only, e.g. chmod 0640 or 0440", key, path)
+    require_private(path, key)
     return token
 
 
@@ -229,7 +226,10 @@ def _target(raw, path: str, hosts: dict[str, DockerHost]) -> Target:
         raise ConfigError(f"{path}.module: a {module} is never restarted (it fronts many backends); "
                           "list its backends as targets instead")
     stop_timeout = optional_duration(data, "stop_timeout", path, Target.stop_timeout, 0, 600)
-    api_key = secret_file(data["api_key_file"], f"{path}.api_key_file") if "api_key_file" in data else None
+    api_key = None
+    if "api_key_file" in data:
+        api_key = secret_file(data["api_key_file"], f"{path}.api_key_file")
+        require_private(data["api_key_file"], f"{path}.api_key_file")
     probe = data.get("probe", PROBE_AUTO)
     if probe not in PROBE_KINDS:
         raise ConfigError(f"{path}.probe: {show(probe)} is not one of {', '.join(PROBE_KINDS)}")

@@ -25,7 +25,9 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hangwatch.settings import ConfigError, loose_permissions, mapping, show, split_url, string
+from hangwatch.settings import ConfigError, mapping, show, split_url, string
+
+from .private import require_private
 
 log = logging.getLogger("hangwatch.webhook")
 
@@ -162,9 +164,7 @@ def tls_files(raw, path: str) -> TLSFiles:
     except ssl.SSLError as exc:
         why = "does not match" if "MISMATCH" in str(exc).upper() else "cannot be used with"
         raise ConfigError(f"{path}.key_file: {key} {why} {path}.cert_file {cert}") from None
-    if loose_permissions(key):
-        log.warning("%s.key_file: %s is readable or writable by others; make it readable by the "
-                    "webhook's user only (chmod 0600)", path, key)
+    require_private(key, f"{path}.key_file", "chmod 0600 (or 0640/0440 for a group)")
     return TLSFiles(ca, cert, key)
 
 

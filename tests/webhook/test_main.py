@@ -14,6 +14,7 @@ from .real_parts import WebhookProcess
 def test_webhook_process_serves_healthz_metrics_and_dry_run_then_stops(tmp_path):
     token = tmp_path / "token"
     token.write_text("proc-token-0123456789-0123456789-abc\n")
+    token.chmod(0o600)
     config = tmp_path / "webhook.yml"
     config.write_text(json.dumps({"token_file": str(token), "state_dir": str(tmp_path / "state"), "targets": [
         {"name": "vllm-a", "container": "vllm-a", "url": "http://127.0.0.1:9"}]}))
