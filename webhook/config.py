@@ -17,7 +17,7 @@ from hangwatch.observation import PROBE_AUTO, PROBE_KINDS
 from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, mapping, optional_duration, secret_file,
                                 show, string, string_list)
 
-from .hosts import DEFAULT_HOST, DockerHost, parse_docker_hosts, resolve
+from .hosts import DEFAULT_HOST, DockerHost, parse_docker_hosts, require_tls, resolve
 from .private import require_private
 
 
@@ -90,11 +90,12 @@ class Config:
         return max(self.budget.window, self.fleet_budget.window, self.recovery)
 
 
-def load_config(path: str) -> Config:
-    return parse_config(load_yaml(path))
+def load_config(path: str, env=os.environ) -> Config:
+    return parse_config(load_yaml(path), env)
 
 
-def parse_config(raw) -> Config:
+def parse_config(raw, env=os.environ) -> Config:
+    """``env``: where the default engine's ``DOCKER_HOST`` and ``DOCKER_TLS_VERIFY`` are read."""
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping, got {show(raw)}")
     top = mapping(raw, "", {"token_file", "reset_token_file", "state_dir", "dry_run", "alertnames", "recheck",
@@ -128,7 +129,7 @@ def parse_config(raw) -> Config:
     targets_raw = top.get("targets")
     if not isinstance(targets_raw, list) or not targets_raw:
         raise ConfigError("targets: required, a non-empty list (the only containers ever restarted)")
-    targets = tuple(_target(t, f"targets[{i}]", hosts) for i, t in enumerate(targets_raw))
+    targets = tuple(_target(t, f"targets[{i}]", hosts, env) for i, t in enumerate(targets_raw))
     seen: dict = {}
     for i, target in enumerate(targets):
         if target.name in seen:
@@ -204,11 +205,11 @@ def _long_enough(token: str, where: str) -> str:
     return token
 
 
-def _target(raw, path: str, hosts: dict[str, DockerHost]) -> Target:
+def _target(raw, path: str, hosts: dict[str, DockerHost], env) -> Target:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping, got {show(raw)}")
     data = mapping(raw, path, {"name", "container", "url", "module", "stop_timeout", "api_key_file", "probe",
-                               "docker_host", "group"},
+                               "docker_host", "group", "insecure_tcp"},
                    required={"name", "container", "url"})
     name = string(data["name"], f"{path}.name")
     if not _NAME.match(name):
@@ -234,6 +235,8 @@ def _target(raw, path: str, hosts: dict[str, DockerHost]) -> Target:
     if probe not in PROBE_KINDS:
         raise ConfigError(f"{path}.probe: {show(probe)} is not one of {', '.join(PROBE_KINDS)}")
     docker_host = resolve(data.get("docker_host"), f"{path}.docker_host", hosts)
+    require_tls(docker_host, boolean(data.get("insecure_tcp", False), f"{path}.insecure_tcp"),
+                f"{path}.docker_host", env)
     group = None
     if "group" in data:
         group = string(data["group"], f"{path}.group")
