@@ -173,3 +173,13 @@ def test_the_webhook_does_not_start_on_a_shared_state_dir_exit_64_naming_it(tmp_
     other = another_users_directory(tmp_path)
     done = run_webhook(tmp_path, other)
     assert done.returncode == 64 and f"state_dir: {other} is owned by uid" in done.stderr
+
+
+def test_the_shipped_systemd_unit_makes_a_state_dir_the_webhook_accepts():
+    import configparser
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str
+    parser.read_string((REPO / "deploy" / "systemd" / "hangwatch-webhook.service").read_text())
+    service = parser["Service"]
+    assert int(service["StateDirectoryMode"], 8) & 0o022 == 0  # systemd makes it the service user's
+    assert service["MemoryMax"] == "256M"
