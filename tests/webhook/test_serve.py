@@ -177,4 +177,5 @@ def test_the_listening_line_names_the_port_it_got(served, caplog):
     caplog.set_level(logging.INFO, logger="hangwatch.webhook")
     s = served()
     assert isinstance(s.server.port, int)
-    assert f"webhook listening on http://127.0.0.1:{s.server.port}" in caplog.text
+    # ``ready`` runs just before the line is logged (signal handlers first): wait for it, on a loaded machine too
+    wait_for(lambda: f"webhook listening on http://127.0.0.1:{s.server.port}" in caplog.text, 10, "the listening line")
