@@ -478,6 +478,7 @@ def test_the_existing_configs_take_the_api_key_where_the_override_mounts_it(tmp_
     """Uncommenting the api_key_file lines, as the guide says, gives both the mounted key."""
     key = tmp_path / "vllm-api-key"
     key.write_text("sk-test-key\n")
+    key.chmod(0o440)  # as docker-compose.existing.yml says (the webhook refuses a key others may read)
     for name in ("exporter.yml", "webhook.yml"):
         text = (DEPLOY / "existing" / name).read_text()
         assert "# api_key_file: /run/secrets/vllm-api-key" in text, name

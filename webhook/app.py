@@ -31,7 +31,7 @@ from hangwatch import __version__, logs
 from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
 from .config import Config, load_config, load_reset_token, load_token
-from .ledger import Ledger, LedgerError
+from .ledger import Ledger, LedgerError, StateDirError
 from .lookups import HostLookups
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .payload import BadPayload, parse_payload
@@ -60,6 +60,12 @@ class WebhookState:
     ledger: Ledger
     metrics: WebhookMetrics
     lookups: HostLookups
+    tokens: tuple[bytes, ...] = ()  # every bearer token some endpoint accepts
+
+    def may_send_body(self, authorization: str) -> bool:
+        """May a request with this ``Authorization`` header have its body read? Only with a
+        token some endpoint accepts (``server.BodyGate`` asks before buffering a body)."""
+        return any(bearer_matches(authorization, token) for token in self.tokens)
 
     @property
     def restart_bound(self) -> float:
@@ -102,19 +108,18 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
                     dry_run=dry_run, replica=replica, forensics=forensics)
     worker = Worker(policy.run)
     holder.update(policy=policy, worker=worker)
-    state = WebhookState(config, policy, worker, ledger, metrics,
-                         HostLookups([host.name for host in config.hosts], policy.container))
     alert_token = token.encode()
     reset_tokens = [(reset_token or token).encode()]
+    state = WebhookState(config, policy, worker, ledger, metrics,
+                         HostLookups([host.name for host in config.hosts], policy.container),
+                         tokens=(alert_token, *reset_tokens))
 
     app = Flask("hangwatch.webhook")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["hangwatch"] = state
 
     def authorized(expected: bytes) -> bool:
-        scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
-        given = credentials.strip().encode("utf-8", errors="replace")
-        return hmac.compare_digest(given, expected) and scheme.lower() == "bearer"
+        return bearer_matches(request.headers.get("Authorization", ""), expected)
 
     def unauthorized() -> Response:
         response = jsonify(error="missing or wrong bearer token")
@@ -195,6 +200,13 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
     return app
 
 
+def bearer_matches(authorization: str, expected: bytes) -> bool:
+    """Is ``authorization`` (an ``Authorization`` header) ``Bearer <expected>``? In constant time."""
+    scheme, _, credentials = authorization.partition(" ")
+    given = credentials.strip().encode("utf-8", errors="replace")
+    return hmac.compare_digest(given, expected) and scheme.lower() == "bearer"
+
+
 def main(args) -> int:
     try:
         logs.setup(logs.resolve_level(getattr(args, "log_level", None)), getattr(args, "log_format", "text"))
@@ -204,6 +216,8 @@ def main(args) -> int:
         host, port = listen_address(args.listen)
         try:
             ledger = Ledger(config.state_dir, keep=config.history)
+        except StateDirError as exc:
+            raise ConfigError(f"state_dir: {exc}") from None
         except (OSError, LedgerError) as exc:
             reason = getattr(exc, "strerror", None) or exc
             raise ConfigError(f"state_dir: cannot use {config.state_dir}: {reason}") from None

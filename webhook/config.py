@@ -8,19 +8,18 @@ is ``hosts.py``'s, the fleet-wide limits' meaning is ``limits.py``'s.
 """
 from __future__ import annotations
 
-import logging
 import os
 import re
 from dataclasses import dataclass, field
 
 from hangwatch.modules import MODULES as MODULE_TABLE
 from hangwatch.observation import PROBE_AUTO, PROBE_KINDS
-from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, loose_permissions, mapping,
-                                optional_duration, secret_file, show, string, string_list)
+from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, mapping, optional_duration, secret_file,
+                                show, string, string_list)
 
-from .hosts import DEFAULT_HOST, DockerHost, parse_docker_hosts, resolve
+from .hosts import DEFAULT_HOST, DockerHost, parse_docker_hosts, require_tls, resolve
+from .private import require_private
 
-log = logging.getLogger("hangwatch.webhook")
 
 TOKEN_ENV = "HANGWATCH_WEBHOOK_TOKEN"
 MIN_TOKEN_CHARS = 32  # secrets.token_urlsafe(32) gives 43; a short token can be guessed
@@ -93,11 +92,12 @@ class Config:
         return max(self.budget.window, self.fleet_budget.window, self.recovery)
 
 
-def load_config(path: str) -> Config:
-    return parse_config(load_yaml(path))
+def load_config(path: str, env=os.environ) -> Config:
+    return parse_config(load_yaml(path), env)
 
 
-def parse_config(raw) -> Config:
+def parse_config(raw, env=os.environ) -> Config:
+    """``env``: where the default engine's ``DOCKER_HOST`` and ``DOCKER_TLS_VERIFY`` are read."""
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping, got {show(raw)}")
     top = mapping(raw, "", {"token_file", "reset_token_file", "state_dir", "dry_run", "alertnames", "recheck",
@@ -132,7 +132,7 @@ def parse_config(raw) -> Config:
     targets_raw = top.get("targets")
     if not isinstance(targets_raw, list) or not targets_raw:
         raise ConfigError("targets: required, a non-empty list (the only containers ever restarted)")
-    targets = tuple(_target(t, f"targets[{i}]", hosts) for i, t in enumerate(targets_raw))
+    targets = tuple(_target(t, f"targets[{i}]", hosts, env) for i, t in enumerate(targets_raw))
     seen: dict = {}
     for i, target in enumerate(targets):
         if target.name in seen:
@@ -197,9 +197,7 @@ def load_reset_token(config: Config, token: str) -> str | None:
 
 def _token_from_file(path: str, key: str) -> str:
     token = _long_enough(secret_file(path, key), f"{key}: the token in {path}")
-    if loose_permissions(path):
-        log.warning("%s: %s is readable or writable by others; make it readable by the webhook's user "
-                    "(and group) only, e.g. chmod 0640 or 0440", key, path)
+    require_private(path, key)
     return token
 
 
@@ -210,11 +208,11 @@ def _long_enough(token: str, where: str) -> str:
     return token
 
 
-def _target(raw, path: str, hosts: dict[str, DockerHost]) -> Target:
+def _target(raw, path: str, hosts: dict[str, DockerHost], env) -> Target:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping, got {show(raw)}")
     data = mapping(raw, path, {"name", "container", "url", "module", "stop_timeout", "api_key_file", "probe",
-                               "docker_host", "group", "forensics_url"},
+                               "docker_host", "group", "insecure_tcp", "forensics_url"},
                    required={"name", "container", "url"})
     name = string(data["name"], f"{path}.name")
     if not _NAME.match(name):
@@ -232,11 +230,16 @@ def _target(raw, path: str, hosts: dict[str, DockerHost]) -> Target:
         raise ConfigError(f"{path}.module: a {module} is never restarted (it fronts many backends); "
                           "list its backends as targets instead")
     stop_timeout = optional_duration(data, "stop_timeout", path, Target.stop_timeout, 0, 600)
-    api_key = secret_file(data["api_key_file"], f"{path}.api_key_file") if "api_key_file" in data else None
+    api_key = None
+    if "api_key_file" in data:
+        api_key = secret_file(data["api_key_file"], f"{path}.api_key_file")
+        require_private(data["api_key_file"], f"{path}.api_key_file")
     probe = data.get("probe", PROBE_AUTO)
     if probe not in PROBE_KINDS:
         raise ConfigError(f"{path}.probe: {show(probe)} is not one of {', '.join(PROBE_KINDS)}")
     docker_host = resolve(data.get("docker_host"), f"{path}.docker_host", hosts)
+    require_tls(docker_host, boolean(data.get("insecure_tcp", False), f"{path}.insecure_tcp"),
+                f"{path}.docker_host", env)
     group = None
     if "group" in data:
         group = string(data["group"], f"{path}.group")

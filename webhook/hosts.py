@@ -15,6 +15,12 @@ Everything a host needs is checked at start-up and every error names its key: th
 known, the URL has a host (and a port, for tcp), TLS files exist, are readable, are PEM, and
 the key matches its certificate. Nothing is connected here: an engine that is down at start-up
 is one target's 503 later, never a webhook that will not start.
+
+Plain ``tcp://`` (no TLS) hands the engine to whoever can reach that port, so a target whose
+engine is one — a declared host without ``tls``, an undeclared URL, or the default engine
+when ``$DOCKER_HOST`` is ``tcp://`` without ``$DOCKER_TLS_VERIFY`` — is refused at start-up
+unless the target (or the declared host) says ``insecure_tcp: true``: a socket proxy on a
+private network, as in the compose stack.
 """
 from __future__ import annotations
 
@@ -23,9 +29,12 @@ import os
 import re
 import ssl
 from dataclasses import dataclass
+from typing import Mapping
 from urllib.parse import urlsplit
 
-from hangwatch.settings import ConfigError, loose_permissions, mapping, show, split_url, string
+from hangwatch.settings import ConfigError, boolean, mapping, show, split_url, string
+
+from .private import require_private
 
 log = logging.getLogger("hangwatch.webhook")
 
@@ -49,6 +58,7 @@ class DockerHost:
     name: str                    # "default", a docker_hosts name, or the URL of an undeclared engine
     url: str | None = None       # None: the default engine ($DOCKER_HOST or the local socket)
     tls: TLSFiles | None = None
+    insecure_tcp: bool = False   # docker_hosts.<name>.insecure_tcp: plain tcp:// accepted for it
 
     @property
     def identity(self) -> str:
@@ -78,18 +88,22 @@ def parse_docker_hosts(raw) -> dict[str, DockerHost]:
         if name == DEFAULT:
             raise ConfigError(f"{path}: '{DEFAULT}' is the engine of targets without docker_host "
                               "($DOCKER_HOST or the local socket); choose another name")
-        data = mapping(entry, path, {"url", "tls"}, required={"url"})
+        data = mapping(entry, path, {"url", "tls", "insecure_tcp"}, required={"url"})
         url = docker_url(data["url"], f"{path}.url")
         tls = None
         if "tls" in data:
             if urlsplit(url).scheme != "tcp":
                 raise ConfigError(f"{path}.tls: only a tcp:// engine uses TLS ({url} is not one)")
             tls = tls_files(data["tls"], f"{path}.tls")
+        insecure = boolean(data.get("insecure_tcp", False), f"{path}.insecure_tcp")
+        if insecure and (tls is not None or urlsplit(url).scheme != "tcp"):
+            raise ConfigError(f"{path}.insecure_tcp: only for a plain tcp:// engine without tls ({url} "
+                              f"{'has tls' if tls is not None else 'is not tcp://'})")
         if url in by_url:
             raise ConfigError(f"{path}.url: {url} is already docker_hosts.{by_url[url]}")
         by_url[url] = name
-        _check_transport(f"{path}.url", url, tls)
-        hosts[name] = DockerHost(name, url, tls)
+        _check_transport(f"{path}.url", url)
+        hosts[name] = DockerHost(name, url, tls, insecure)
     return hosts
 
 
@@ -110,7 +124,7 @@ def resolve(value, path: str, hosts: dict[str, DockerHost]) -> DockerHost:
     declared = next((host for host in hosts.values() if host.url == url), None)
     if declared is not None:
         return declared
-    _check_transport(path, url, None)
+    _check_transport(path, url)
     return DockerHost(url, url)
 
 
@@ -162,9 +176,7 @@ def tls_files(raw, path: str) -> TLSFiles:
     except ssl.SSLError as exc:
         why = "does not match" if "MISMATCH" in str(exc).upper() else "cannot be used with"
         raise ConfigError(f"{path}.key_file: {key} {why} {path}.cert_file {cert}") from None
-    if loose_permissions(key):
-        log.warning("%s.key_file: %s is readable or writable by others; make it readable by the "
-                    "webhook's user only (chmod 0600)", path, key)
+    require_private(key, f"{path}.key_file", "chmod 0600 (or 0640/0440 for a group)")
     return TLSFiles(ca, cert, key)
 
 
@@ -188,12 +200,34 @@ def ssh_transport_missing() -> str | None:
     return None
 
 
-def _check_transport(path: str, url: str, tls: TLSFiles | None) -> None:
-    scheme = urlsplit(url).scheme
-    if scheme == "ssh":
+def _check_transport(path: str, url: str) -> None:
+    if urlsplit(url).scheme == "ssh":
         missing = ssh_transport_missing()
         if missing:
             raise ConfigError(f"{path}: {missing}")
-    elif scheme == "tcp" and tls is None:
-        log.warning("%s: %s is plain TCP: whoever reaches it controls that engine; use tls (docker_hosts) "
-                    "unless it is a socket proxy on a private network", path, url)
+
+
+def require_tls(host: DockerHost, insecure_tcp: bool, path: str, env: Mapping[str, str]) -> None:
+    """A target's engine is reached with TLS, or someone said ``insecure_tcp: true`` for it;
+    ConfigError at ``path`` (the target's ``docker_host``) otherwise."""
+    if host.url is None:  # the default engine: Docker's own variables decide, as the SDK reads them
+        url = env.get("DOCKER_HOST") or DEFAULT_SOCKET
+        plain = urlsplit(url).scheme == "tcp" and not env.get("DOCKER_TLS_VERIFY")
+        where = f"the default engine, $DOCKER_HOST={url}, is plain TCP ($DOCKER_TLS_VERIFY is not set)"
+        fix = "set DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH, or say insecure_tcp: true on this target"
+    else:
+        url = host.url
+        plain = urlsplit(url).scheme == "tcp" and host.tls is None
+        declared = host.name != url
+        where = f"docker_hosts.{host.name} ({url}) is plain TCP" if declared else f"{url} is plain TCP"
+        fix = (f"give docker_hosts.{host.name} tls, or say insecure_tcp: true there or on this target" if declared
+               else "declare it in docker_hosts with tls, or say insecure_tcp: true on this target")
+    if not plain:
+        if insecure_tcp and host.url is not None:
+            raise ConfigError(f"{path}: insecure_tcp: true, but {url} is not plain tcp:// (remove it)")
+        return
+    if insecure_tcp or host.insecure_tcp:
+        log.info("%s: %s is plain TCP (insecure_tcp: true): whoever reaches it controls that engine", path, url)
+        return
+    raise ConfigError(f"{path}: {where}: whoever reaches that port controls the engine; {fix} "
+                      "(only for a socket proxy on a private network)")

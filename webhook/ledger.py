@@ -28,6 +28,13 @@ What makes it trustworthy:
 processes; ``fleet_lock`` (``locks/_fleet.lock``, a name no target can have) makes the
 fleet-wide limits' check-and-record exclusive across targets and processes. Files are
 created 0600, directories 0700: incident records hold container logs.
+
+Whoever else can write in ``state_dir`` could plant a symbolic link there and have the webhook
+truncate or append to a file it names. So ``state_dir`` must be the webhook's own user's and
+writable by no one else (``check_state_dir``: else the webhook does not start), its
+``incidents`` and ``locks`` real directories like it, and every file in it is opened with
+``O_NOFOLLOW`` (a link is refused, never followed); a file that is written whole (compaction,
+an incident record) is a new one (``O_EXCL``) renamed into place.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -53,6 +61,50 @@ _DECISION = b'"event": "decision"'  # records are written with sort_keys; a deci
 
 class LedgerError(Exception):
     """The ledger (or an incident record) could not be read or written: fail closed."""
+
+
+class StateDirError(LedgerError):
+    """``state_dir`` (or a directory in it) is not private to the webhook's user."""
+
+
+def check_state_dir(state_dir: str) -> None:
+    """``state_dir``, ``incidents`` and ``locks`` are directories owned by this process's user
+    and not writable by group or others (the two inside it no symbolic links either)."""
+    for path, follow in ((state_dir, True), (os.path.join(state_dir, "incidents"), False),
+                         (os.path.join(state_dir, "locks"), False)):
+        try:
+            status = os.stat(path) if follow else os.lstat(path)
+        except OSError as exc:
+            raise StateDirError(f"{path}: {exc.strerror or exc}") from None
+        if stat.S_ISLNK(status.st_mode):
+            raise StateDirError(f"{path} is a symbolic link; it must be a directory")
+        if not stat.S_ISDIR(status.st_mode):
+            raise StateDirError(f"{path} is not a directory")
+        if status.st_uid != os.geteuid():
+            raise StateDirError(f"{path} is owned by uid {status.st_uid}, not the webhook's user "
+                                f"(uid {os.geteuid()}); chown it to that user")
+        if status.st_mode & 0o022:
+            raise StateDirError(f"{path} is writable by group or others (mode {stat.S_IMODE(status.st_mode):04o}); "
+                                "chmod 0700 it")
+
+
+def _open(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` that never follows a symbolic link in the last component."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "it is a symbolic link (refused)", path) from None
+        raise
+
+
+def _create_new(path: str) -> int:
+    """A new file at ``path`` (0600), replacing whatever was left there (a link is not followed)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return _open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
 
 
 @dataclass
@@ -74,9 +126,13 @@ class Ledger:
         self.rotate_bytes = rotate_bytes
         for directory in (state_dir, os.path.join(state_dir, "incidents"), os.path.join(state_dir, "locks")):
             os.makedirs(directory, mode=0o700, exist_ok=True)
+        check_state_dir(state_dir)
         self._lock_path = os.path.join(state_dir, "locks", "ledger.lock")
-        with self._locked():  # never create it while another replica compacts it
-            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        try:
+            with self._locked():  # never create it while another replica compacts it
+                os.close(_open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+        except OSError as exc:
+            raise LedgerError(f"cannot use {exc.filename or self.path}: {exc.strerror or exc}") from None
         self._mutex = threading.Lock()
         self._file_id: tuple[int, int] | None = None
         self._offset = 0
@@ -98,7 +154,7 @@ class Ledger:
         with self._mutex:
             try:
                 with self._locked():
-                    fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+                    fd = _open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
                     try:
                         size = _cut_torn_tail(fd, self.path)
                         try:
@@ -117,7 +173,7 @@ class Ledger:
 
     @contextmanager
     def _locked(self):
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = _open(self._lock_path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -136,7 +192,7 @@ class Ledger:
         marker = encode({"event": "compacted", "at": time.time(), "from_bytes": self._offset,
                          "previous": LEDGER_NAME + ".1"})
         temporary = self.path + ".compact"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = _create_new(temporary)
         try:
             _write_all(fd, marker + b"".join(line for _, line in kept))
             os.fsync(fd)
@@ -167,7 +223,7 @@ class Ledger:
                 raise LedgerError(f"cannot read {self.path}: {exc.strerror or exc}") from None
 
     def _refresh(self) -> None:
-        with open(self.path, "rb") as handle:
+        with os.fdopen(_open(self.path, os.O_RDONLY), "rb") as handle:
             status = os.fstat(handle.fileno())
             file_id = (status.st_dev, status.st_ino)
             if file_id != self._file_id or status.st_size < self._offset:
@@ -316,7 +372,7 @@ def _skip_line(handle) -> int | None:
 
 
 def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
@@ -342,7 +398,7 @@ def fleet_lock(state_dir: str, *, deadline: float, poll: float = 0.02, cancelled
 @contextmanager
 def _file_lock(state_dir: str, name: str, *, deadline: float, poll: float, cancelled: Callable[[], bool]):
     path = os.path.join(state_dir, "locks", f"{name}.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _open(path, os.O_RDWR | os.O_CREAT)
     try:
         give_up = time.monotonic() + deadline
         while True:
@@ -368,7 +424,7 @@ def write_incident(state_dir: str, name: str, record: dict) -> str:
     temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     data = (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode()
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = _create_new(temporary)
         try:
             _write_all(fd, data)
             os.fsync(fd)

@@ -13,6 +13,15 @@ let requests in progress answer (a request never waits on a re-check, so this ta
 moments), then ``WebhookState.shutdown``: no new restart begins, a restart already under way
 finishes within its bound, and jobs still re-checking are abandoned — Alertmanager re-sends
 their alerts to the next process.
+
+What a client without the token can make it hold: a request head (at most
+``MAX_HEADER_BYTES``) per connection, ``CONNECTION_LIMIT`` connections. Waitress reads a
+whole request, body included, before the app sees it, so ``BodyGate`` decides at the end of
+the head, on the I/O thread: a request with a body and without a token the app accepts never
+has its body read: it is answered (401 by the app, which checks again) with an empty body and
+the connection is closed. A body with the token is held in memory (``inbuf_overflow`` =
+``MAX_BODY_BYTES``: never a temporary file) up to ``MAX_BODY_BYTES``, sized from a measured
+Alertmanager notification (docs/configuration.md, "Limits").
 """
 from __future__ import annotations
 
@@ -22,15 +31,45 @@ import sys
 import time
 from typing import Callable
 
+from waitress.channel import HTTPChannel
+from waitress.parser import HTTPRequestParser
+
 log = logging.getLogger("hangwatch.webhook")
 
 THREADS = 8              # request threads; a request does triage and one Docker lookup (< 1 s)
-CONNECTION_LIMIT = 512   # open connections; Alertmanager needs a handful
+CONNECTION_LIMIT = 256   # open connections; Alertmanager needs a handful (more wait in the backlog)
 CHANNEL_TIMEOUT = 10     # seconds a connection may sit idle (Alertmanager sends a request in ms)
 CLEANUP_INTERVAL = 2     # seconds between sweeps for idle connections
-MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_HEADER_BYTES = 8 * 1024      # request line and headers; Alertmanager sends about 300 bytes
+MAX_BODY_BYTES = 2 * 1024 * 1024  # 1.7 x Alertmanager's notification of 1,000 hang alerts (1.18 MiB)
 POLL = 0.5               # seconds; a stop asked for by a signal is seen within this
 DRAIN = 5.0              # seconds requests in progress get to answer after a stop
+
+
+class BodyGate(HTTPRequestParser):
+    """Waitress's request parser, asking ``may_send_body(authorization)`` once the head is in:
+    no, and the body is never read (the request goes on without it; the connection closes)."""
+
+    may_send_body: Callable[[str], bool] = staticmethod(lambda authorization: True)
+
+    def received(self, data: bytes) -> int:
+        in_head = not self.headers_finished
+        consumed = super().received(data)
+        if in_head and self.headers_finished and not self.completed and self.body_rcv is not None \
+                and not self.may_send_body(self.headers.get("AUTHORIZATION", "")):
+            self.body_rcv.getbuf().close()
+            self.body_rcv, self.chunked, self.content_length = None, False, 0
+            self.headers["CONTENT_LENGTH"] = "0"
+            self.headers["CONNECTION"] = "close"  # what follows on this connection is the body
+            self.expect_continue = False          # never invite it
+            self.completed = True
+            return len(data)                      # the rest of this read is body: dropped
+        return consumed
+
+
+def gated_channel(may_send_body: Callable[[str], bool]) -> type[HTTPChannel]:
+    parser = type("WebhookBodyGate", (BodyGate,), {"may_send_body": staticmethod(may_send_body)})
+    return type("WebhookChannel", (HTTPChannel,), {"parser_class": parser})
 
 
 class Server:
@@ -38,13 +77,16 @@ class Server:
 
     def __init__(self, app, host: str, port: int, *, threads: int = THREADS,
                  connection_limit: int = CONNECTION_LIMIT, channel_timeout: int = CHANNEL_TIMEOUT,
-                 cleanup_interval: int = CLEANUP_INTERVAL):
+                 cleanup_interval: int = CLEANUP_INTERVAL, may_send_body: Callable[[str], bool] | None = None):
         from waitress.server import create_server
         self._server = create_server(
             app, host=host, port=port, threads=threads, connection_limit=connection_limit,
             channel_timeout=channel_timeout, cleanup_interval=cleanup_interval, asyncore_use_poll=True,
-            max_request_body_size=MAX_BODY_BYTES, ident="hangwatch", clear_untrusted_proxy_headers=True,
+            max_request_header_size=MAX_HEADER_BYTES, max_request_body_size=MAX_BODY_BYTES,
+            inbuf_overflow=MAX_BODY_BYTES, ident="hangwatch", clear_untrusted_proxy_headers=True,
             expose_tracebacks=False)
+        if may_send_body is not None:
+            self._server.channel_class = gated_channel(may_send_body)
         self.host = host
         self._stop = False
 
@@ -91,7 +133,7 @@ def serve(app, host: str, port: int, *, banner: str = "", install_signals: bool 
     cleanly; the exit code. ``ready`` receives the running ``Server`` (its port, a stop handle)."""
     state = app.extensions["hangwatch"]
     try:
-        server = Server(app, host, port, **limits)
+        server = Server(app, host, port, may_send_body=state.may_send_body, **limits)
     except OSError as exc:
         sys.stderr.write(f"hangwatch webhook: cannot listen on {host}:{port}: {exc.strerror or exc}\n")
         state.close()

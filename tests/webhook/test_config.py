@@ -1,5 +1,4 @@
 """The config: the example loads; every mistake is refused with its path, before anything binds."""
-import logging
 import os
 import pathlib
 import socket
@@ -99,6 +98,7 @@ ONE_TARGET = {"targets": [{"name": "a", "container": "a", "url": "http://h:1"}]}
 def test_token_from_file_then_env(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(LONG + "\n")
+    token_file.chmod(0o600)  # a secret: the webhook refuses one others may read
     config = parse_config({"token_file": str(token_file), **ONE_TARGET})
     assert load_token(config, env={"HANGWATCH_WEBHOOK_TOKEN": "other" * 10}) == LONG
     config = parse_config(ONE_TARGET)
@@ -116,6 +116,7 @@ def test_a_token_shorter_than_32_characters_is_refused(tmp_path, source):
     short = "x" * 31
     token_file = tmp_path / "token"
     token_file.write_text(short)
+    token_file.chmod(0o600)  # a secret: the webhook refuses one others may read
     raw = {"token_file": str(token_file), **ONE_TARGET} if source == "file" else ONE_TARGET
     with pytest.raises(ConfigError, match="is 31 characters; at least 32 are required") as caught:
         load_token(parse_config(raw), env={"HANGWATCH_WEBHOOK_TOKEN": short})
@@ -124,22 +125,35 @@ def test_a_token_shorter_than_32_characters_is_refused(tmp_path, source):
     assert load_token(parse_config(raw), env={"HANGWATCH_WEBHOOK_TOKEN": "x" * 32}) == "x" * 32
 
 
-@pytest.mark.parametrize("mode, warned", [(0o600, False), (0o640, False), (0o440, False), (0o644, True), (0o606, True),
-                                          (0o602, True)])
-def test_a_token_file_others_may_read_or_write_is_warned_about(tmp_path, caplog, mode, warned):
-    token_file = tmp_path / "token"
+@pytest.mark.parametrize("mode, refused", [(0o600, False), (0o640, False), (0o440, False), (0o400, False),
+                                           (0o644, True), (0o604, True), (0o606, True), (0o602, True)],
+                         ids=lambda value: f"{value:04o}" if isinstance(value, int) and value > 1 else str(value))
+@pytest.mark.parametrize("key", ["token_file", "reset_token_file"])
+def test_a_token_file_others_may_read_or_write_is_refused_naming_the_key(tmp_path, mode, refused, key):
+    """Before: only a warning; any local user could read the token and have a container restarted."""
+    token_file, reset_file = tmp_path / "token", tmp_path / "reset"
     token_file.write_text(LONG)
-    token_file.chmod(mode)
-    load_token(parse_config({"token_file": str(token_file), **ONE_TARGET}))
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert bool(warnings) == warned, warnings
-    assert all("readable or writable by others" in w and LONG not in w for w in warnings)
+    reset_file.write_text(LONG + "-reset")
+    for file in (token_file, reset_file):
+        file.chmod(0o600)
+    (token_file if key == "token_file" else reset_file).chmod(mode)
+    config = parse_config({"token_file": str(token_file), "reset_token_file": str(reset_file), **ONE_TARGET})
+    if not refused:
+        assert load_reset_token(config, load_token(config)) == LONG + "-reset"
+        return
+    with pytest.raises(ConfigError) as caught:
+        load_reset_token(config, load_token(config))
+    path = token_file if key == "token_file" else reset_file
+    assert str(caught.value).startswith(f"{key}: {path} is readable or writable by others (mode {mode:04o})")
+    assert LONG not in str(caught.value)
 
 
 def test_a_separate_reset_token(tmp_path):
     token_file, reset_file = tmp_path / "token", tmp_path / "reset"
     token_file.write_text(LONG)
+    token_file.chmod(0o600)  # a secret: the webhook refuses one others may read
     reset_file.write_text(LONG + "-reset")
+    reset_file.chmod(0o600)  # a secret: the webhook refuses one others may read
     config = parse_config({"token_file": str(token_file), "reset_token_file": str(reset_file), **ONE_TARGET})
     assert config.reset_token_file == str(reset_file)
     assert load_reset_token(config, load_token(config)) == LONG + "-reset"
@@ -158,6 +172,7 @@ def test_a_separate_reset_token(tmp_path):
 def test_a_short_token_stops_the_webhook_before_it_binds(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("guessable")
+    token_file.chmod(0o600)  # a secret: the webhook refuses one others may read
     path = tmp_path / "webhook.yml"
     path.write_text(f"token_file: {token_file}\nstate_dir: {tmp_path / 'state'}\ntargets:\n" + GOOD_TARGET)
     done = subprocess.run([sys.executable, "-m", "hangwatch", "webhook", "--config", str(path), "--listen",
@@ -181,4 +196,4 @@ def test_bad_config_exits_non_zero_naming_the_key_before_binding(tmp_path):
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == ["hangwatch webhook: targets[1].contanier: unknown key "
                                                 "(known: api_key_file, container, docker_host, forensics_url, "
-                                                "group, module, name, probe, stop_timeout, url)"]
+                                                "group, insecure_tcp, module, name, probe, stop_timeout, url)"]

@@ -59,7 +59,7 @@ def test_fifty_targets_on_ten_hosts_name_their_tls_files_once_per_host(certs):
 
 
 def test_the_same_container_name_on_one_host_twice_is_refused_even_by_name_and_url():
-    hosts = {"gpu-2": {"url": "tcp://gpu-2.example:2375"}}
+    hosts = {"gpu-2": {"url": "tcp://gpu-2.example:2375", "insecure_tcp": True}}
     message = error({"docker_hosts": hosts, "targets": [target("a", container="vllm", docker_host="gpu-2"),
                                                         target("b", container="vllm",
                                                                docker_host="tcp://gpu-2.example:2375")]})
@@ -146,11 +146,6 @@ def test_ssh_needs_the_sdks_ssh_transport_said_at_start_up(monkeypatch):
     monkeypatch.setattr(hosts_module, "ssh_transport_missing", lambda: None)
     parsed = config([target("a", docker_host="ssh://hangwatch@gpu-3:2222")])
     assert parsed.targets[0].docker_host.url == "ssh://hangwatch@gpu-3:2222"
-
-
-def test_plain_tcp_is_allowed_with_a_warning(caplog):
-    config([target("a", docker_host="tcp://docker-proxy:2375")])
-    assert "tcp://docker-proxy:2375 is plain TCP" in caplog.text
 
 
 def test_a_target_named_ledger_is_refused_its_lock_would_be_the_ledgers():

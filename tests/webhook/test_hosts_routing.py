@@ -8,7 +8,7 @@ import time
 
 from .fakes import FakeClock, FakeRestarter, auth, iso, payload
 
-HOSTS = {"gpu-2": {"url": "tcp://gpu-2.example:2375"}}
+HOSTS = {"gpu-2": {"url": "tcp://gpu-2.example:2375", "insecure_tcp": True}}
 TARGETS = [{"name": "here", "container": "vllm", "url": "http://127.0.0.1:18000"},
            {"name": "there", "container": "vllm", "url": "http://127.0.0.1:18001", "docker_host": "gpu-2"}]
 

@@ -6,12 +6,15 @@ import time
 
 import requests
 
+from hangwatch.webhook.server import CONNECTION_LIMIT
+
 from .real_parts import WebhookProcess
 
 
 def test_webhook_process_serves_healthz_metrics_and_dry_run_then_stops(tmp_path):
     token = tmp_path / "token"
     token.write_text("proc-token-0123456789-0123456789-abc\n")
+    token.chmod(0o600)
     config = tmp_path / "webhook.yml"
     config.write_text(json.dumps({"token_file": str(token), "state_dir": str(tmp_path / "state"), "targets": [
         {"name": "vllm-a", "container": "vllm-a", "url": "http://127.0.0.1:9"}]}))
@@ -49,7 +52,7 @@ def test_webhook_process_survives_slow_clients_and_stops_at_once_on_sigterm(tmp_
     sockets = []
     try:
         idle_threads = threads_of(process.process.pid)
-        for _ in range(300):
+        for _ in range(CONNECTION_LIMIT - 16):  # all held open at once, with room left for the checks
             connection = socket.create_connection(("127.0.0.1", process.port), timeout=5)
             connection.sendall(b"POST /alerts HTTP/1.1\r\nHost: webhook\r\n")
             sockets.append(connection)

@@ -170,7 +170,7 @@ def test_a_configured_host_gets_its_own_client_that_ignores_requests_environment
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
     monkeypatch.setenv("NO_PROXY", "")
-    config = parse_config({"docker_hosts": {"fake": {"url": engine.url}}, "targets": [
+    config = parse_config({"docker_hosts": {"fake": {"url": engine.url, "insecure_tcp": True}}, "targets": [
         {"name": "a", "container": "vllm-a", "url": "http://127.0.0.1:1", "docker_host": "fake"},
         {"name": "b", "container": "vllm-a", "url": "http://127.0.0.1:2"}]})
     restarters = docker_restarters(config)

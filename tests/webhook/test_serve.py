@@ -14,13 +14,13 @@ import time
 import pytest
 import requests
 
-from hangwatch.webhook.server import serve
+from hangwatch.webhook.server import CONNECTION_LIMIT, serve
 
 from .conftest import Harness
 from .fakes import TOKEN, payload
 from .real_parts import wait_for
 
-HALF_OPEN = 300
+HALF_OPEN = CONNECTION_LIMIT - 16  # all held open at once, with room left for the checks
 
 
 class Served:
@@ -177,4 +177,5 @@ def test_the_listening_line_names_the_port_it_got(served, caplog):
     caplog.set_level(logging.INFO, logger="hangwatch.webhook")
     s = served()
     assert isinstance(s.server.port, int)
-    assert f"webhook listening on http://127.0.0.1:{s.server.port}" in caplog.text
+    # ``ready`` runs just before the line is logged (signal handlers first): wait for it, on a loaded machine too
+    wait_for(lambda: f"webhook listening on http://127.0.0.1:{s.server.port}" in caplog.text, 10, "the listening line")
