@@ -17,7 +17,7 @@ __all__ = ["ConfigError", "ExporterConfig", "TargetSettings", "exporter_config",
 
 KEYS = {"timeout", "timeout_offset", "allow_targets", "allow_any_target", "max_concurrent_probes",
         "max_connections", "read_timeout", "api_key_file", "targets",
-        "liveness_interval", "liveness_timeout", "liveness_budget"}
+        "liveness_interval", "liveness_timeout", "liveness_budget", "startup_deadline"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class ExporterConfig:
     liveness_interval: float = liveness.INTERVAL
     liveness_timeout: float = liveness.TIMEOUT
     liveness_budget: float = liveness.BUDGET
+    startup_deadline: liveness.StartupDeadline | None = None  # none: down (loading) is never past a deadline
 
     def __post_init__(self):
         object.__setattr__(self, "_allowed", frozenset(self.allow_targets))
@@ -129,6 +130,7 @@ def exporter_config(data: Any) -> ExporterConfig:
         liveness_interval=interval,
         liveness_timeout=check_timeout,
         liveness_budget=budget,
+        startup_deadline=liveness.startup_deadline(data["startup_deadline"]) if "startup_deadline" in data else None,
     )
 
 
