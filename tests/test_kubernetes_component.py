@@ -11,6 +11,7 @@ vLLM's own port, and leave the Deployments it does not watch untouched.
 from __future__ import annotations
 
 import copy
+import re
 import os
 import subprocess
 import sys
@@ -276,3 +277,19 @@ def test_hangwatch_rules_kubernetes_refuses_bad_settings(tmp_path, args, message
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 64 and message in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_documented_settings_are_the_ones_the_component_reads_and_hangwatch_rules_writes():
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    table = doc[doc.index('<a id="settings"></a>'):]
+    table = table[table.index("| key |"):]
+    table = table[:table.index("\n\n")]
+    documented = set()
+    for row in table.splitlines()[2:]:
+        documented |= set(re.findall(r"`([a-z-]+)`", row.split("|")[1]))
+    read = set(re.findall(r"fieldPath: data\.([a-z-]+)", (COMPONENTS / "hangwatch-sidecar" / "kustomization.yaml").read_text()))
+    from hangwatch.rules.kubernetes import component_settings
+    written = set(component_settings(Settings())["data"])
+    assert documented == read == written
+    for wrapper in ("production-stack", "llm-d-decode", "vllm"):
+        assert set(documents(COMPONENTS / wrapper / "settings.yaml")[0]["data"]) == read, wrapper
