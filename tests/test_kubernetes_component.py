@@ -293,3 +293,17 @@ def test_the_documented_settings_are_the_ones_the_component_reads_and_hangwatch_
     assert documented == read == written
     for wrapper in ("production-stack", "llm-d-decode", "vllm"):
         assert set(documents(COMPONENTS / wrapper / "settings.yaml")[0]["data"]) == read, wrapper
+
+
+def test_the_documented_patch_for_a_default_deny_namespace_leaves_only_prometheus_rule(tmp_path):
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    snippet = doc[doc.index("  patches:\n    - target: {kind: NetworkPolicy"):]
+    snippet = snippet[:snippet.index("```")]
+    (tmp_path / "kustomization.yaml").write_text(
+        "namespace: llm-d-pd\n"
+        + yaml.safe_dump({"resources": [os.path.relpath(DATA / "llm-d" / "decode-guide", tmp_path)],
+                          "components": [os.path.relpath(COMPONENTS / "llm-d-decode", tmp_path)]})
+        + "\n".join(line[2:] for line in snippet.splitlines()) + "\n")
+    policy = one(kustomize(tmp_path), "NetworkPolicy", "hangwatch-sidecar")
+    rule, = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": SIDECAR_PORT}] and "namespaceSelector" in rule["from"][0]
