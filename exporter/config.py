@@ -18,7 +18,7 @@ __all__ = ["ConfigError", "ExporterConfig", "TargetSettings", "exporter_config",
 
 KEYS = {"timeout", "timeout_offset", "allow_targets", "allow_any_target", "max_concurrent_probes",
         "max_connections", "read_timeout", "api_key_file", "targets",
-        "liveness_interval", "liveness_timeout", "liveness_budget", "forensics"}
+        "liveness_interval", "liveness_timeout", "liveness_budget", "forensics", "startup_deadline"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class ExporterConfig:
     liveness_timeout: float = liveness.TIMEOUT
     liveness_budget: float = liveness.BUDGET
     forensics: ForensicsSettings = ForensicsSettings()
+    startup_deadline: liveness.StartupDeadline | None = None  # none: down (loading) is never past a deadline
 
     def __post_init__(self):
         object.__setattr__(self, "_allowed", frozenset(self.allow_targets))
@@ -193,6 +194,7 @@ def exporter_config(data: Any) -> ExporterConfig:
         liveness_timeout=check_timeout,
         liveness_budget=budget,
         forensics=forensics_settings(data.get("forensics")),
+        startup_deadline=liveness.startup_deadline(data["startup_deadline"]) if "startup_deadline" in data else None,
     )
 
 

@@ -17,8 +17,8 @@ from hangwatch import liveness
 from hangwatch.forensics.gate import capture_if_hung
 
 from .config import ExporterConfig
-from .health import validated
 from .httpserver import Request, Response, Route
+from .query import Refused, asked
 
 log = logging.getLogger("hangwatch.exporter")
 
@@ -31,15 +31,15 @@ def forensics_route(config: ExporterConfig) -> Route:
     settings = config.forensics
 
     def handler(request: Request) -> Response:
-        code, target, module = validated(request.query, config)
-        if code:
-            return Response(code, "text/plain; charset=utf-8", f"{target}\n".encode())
+        read = asked(request.query, config)
+        if isinstance(read, Refused):
+            return Response(read.code, "text/plain; charset=utf-8", f"{read.why}\n".encode())
+        target, module, options = read.target, read.module, read.options
         with guard:
             if target in running:
                 return Response(503, "text/plain; charset=utf-8", b"a capture of this target is under way\n")
             running.add(target)
         try:
-            options = config.options_for(target)
             answer = capture_if_hung(
                 target,
                 lambda: getattr(liveness.bounded_check(
@@ -71,9 +71,10 @@ class LivezCaptures:
         self._taken: set[str] = set()
 
     def seen(self, query: str, code: int) -> None:
-        status, target, _ = validated(query, self.config)
-        if status:
+        read = asked(query, self.config)
+        if isinstance(read, Refused):
             return
+        target = read.target
         with self._guard:
             if code != 503:
                 self._taken.discard(target)

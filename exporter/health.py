@@ -26,7 +26,7 @@ from typing import Callable
 from prometheus_client import Counter
 
 from hangwatch import liveness
-from hangwatch.liveness import Bounded
+from hangwatch.liveness import Bounded, StartupClock
 from hangwatch.observation import Options
 
 from .config import ExporterConfig
@@ -53,8 +53,9 @@ class SharedChecks:
     """At most one bounded check per (target, module, options) at a time; callers meanwhile share it."""
 
     def __init__(self, run: Callable[[str, str, Options], Bounded], budget: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, startup: StartupClock | None = None):
         self._run, self._budget, self._clock = run, budget, clock
+        self.startup = startup  # with startup_deadline: how long each target has been down
         self._lock = threading.Lock()
         self._running: dict[tuple[str, str], _Running] = {}
 
@@ -88,7 +89,8 @@ def shared_checks(config: ExporterConfig) -> SharedChecks:
         return liveness.bounded_check(target, module=module, interval=config.liveness_interval,
                                       timeout=config.liveness_timeout, budget=config.liveness_budget,
                                       api_key=options.api_key, probe=options.probe)
-    return SharedChecks(run, config.liveness_budget)
+    startup = StartupClock(config.startup_deadline) if config.startup_deadline else None
+    return SharedChecks(run, config.liveness_budget, startup=startup)
 
 
 def answer_health(endpoint: str, query: str, config: ExporterConfig, checks: SharedChecks) -> tuple[int, str, bytes]:
@@ -101,6 +103,9 @@ def answer_health(endpoint: str, query: str, config: ExporterConfig, checks: Sha
     started = time.monotonic()
     outcome, shared = checks.result(target, module, read.options)
     answer = (liveness.liveness if endpoint == "livez" else liveness.readiness)(outcome)
+    if checks.startup is not None and outcome is not None:
+        down_for = checks.startup.overdue((target, module), outcome.verdict.state)
+        answer = liveness.past_deadline(answer, endpoint, down_for, config.startup_deadline)
     code = 200 if answer.ok else 503
     body = {"endpoint": endpoint, "status": code, "ok": answer.ok, "why": answer.why, "target": target,
             "module": module, "shared": shared, "seconds": round(time.monotonic() - started, 3)}

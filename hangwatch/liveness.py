@@ -35,7 +35,8 @@ from typing import Any, Callable
 
 from .check import CheckResult, check
 from .observation import Observation
-from .verdict import BUSY, HUNG, IDLE, RESTARTED, Verdict
+from .settings import ConfigError, boolean, duration, show
+from .verdict import BUSY, DOWN, HUNG, IDLE, RESTARTED, Verdict
 
 # The defaults behind /livez, /readyz and `hangwatch check --liveness`: hung is reachable
 # in one call (needed_budget(2, 2) = 8 s; the budget leaves 1 s to spare) and the answer
@@ -166,3 +167,68 @@ def budget_error(interval: float, timeout: float, budget: float) -> str | None:
     if not math.isfinite(budget):
         return "must be finite"
     return None
+
+
+# After the startup deadline has passed and /livez has said so, how long before a server still
+# down gets a new deadline: the kubelet restarts a container after failureThreshold x
+# periodSeconds (30 s with the recommended probe) and the new process must load from scratch.
+RESTART_WINDOW = 60.0
+
+
+@dataclass(frozen=True)
+class StartupDeadline:
+    """``startup_deadline``: a server down (port closed: still loading) for longer than ``after``
+    is reported as past it by /readyz, and, only if ``fails_liveness``, fails /livez."""
+    after: float
+    fails_liveness: bool = False
+
+
+def startup_deadline(value: Any, path: str = "startup_deadline") -> StartupDeadline:
+    """``20m``, or ``{after: 20m, fails_liveness: true}``."""
+    if isinstance(value, dict):
+        unknown = set(value) - {"after", "fails_liveness"}
+        if unknown:
+            raise ConfigError(f"{path}.{sorted(unknown)[0]}: unknown key (known: after, fails_liveness)")
+        if "after" not in value:
+            raise ConfigError(f"{path}.after: required")
+        fails = boolean(value["fails_liveness"], f"{path}.fails_liveness") if "fails_liveness" in value else False
+        return StartupDeadline(duration(value["after"], f"{path}.after", low=1.0, high=7 * 86400.0), fails)
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return StartupDeadline(duration(value, path, low=1.0, high=7 * 86400.0))
+    raise ConfigError(f"{path}: expected a duration or {{after, fails_liveness}}, got {show(value)}")
+
+
+class StartupClock:
+    """How long each target has been down without a break, as the checks behind /livez and
+    /readyz saw it: the one thing the exporter remembers between calls, because "still loading
+    after 20 minutes" cannot be read from one check. Any other verdict ends the streak."""
+
+    def __init__(self, deadline: StartupDeadline, clock: Callable[[], float] = time.monotonic):
+        self.deadline, self._clock = deadline, clock
+        self._lock = threading.Lock()
+        self._since: dict[Any, float] = {}
+
+    def overdue(self, key: Any, state: str) -> float | None:
+        """Seconds down when past the deadline, else None. Once /livez has failed for the
+        kubelet's restart window, a server still down is a new process: a new deadline."""
+        with self._lock:
+            now = self._clock()
+            if state != DOWN:
+                self._since.pop(key, None)
+                return None
+            since = self._since.setdefault(key, now)
+            if self.deadline.fails_liveness and now - since > self.deadline.after + RESTART_WINDOW:
+                self._since[key] = since = now
+            down_for = now - since
+            return down_for if down_for > self.deadline.after else None
+
+
+def past_deadline(answer: Answer, endpoint: str, down_for: float | None, deadline: StartupDeadline | None) -> Answer:
+    """The answer once a server has been down past ``startup_deadline``: not ready, and not
+    alive only where the deadline says ``fails_liveness``."""
+    if down_for is None or deadline is None:
+        return answer
+    why = f"down for {down_for:.0f}s, past startup_deadline {deadline.after:g}s: {answer.why}"
+    if endpoint == "readyz" or deadline.fails_liveness:
+        return Answer(False, why)
+    return Answer(True, why)

@@ -32,6 +32,16 @@ def add_rules_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the job that scrapes the webhook's own /metrics (default hangwatch_webhook)")
     parser.add_argument("--runbook-url", default=RUNBOOK_URL, metavar="URL",
                         help="the runbook the alerts link to (default: the project's docs/runbook.md)")
+    parser.add_argument("--kubernetes", action="store_true",
+                        help="write PrometheusRule objects (hangwatch-rules.yaml) and the settings of the "
+                             "hangwatch-sidecar Component (hangwatch-settings.yaml) instead of rule files")
+    parser.add_argument("--release", metavar="NAME",
+                        help="with --kubernetes: the release label your Prometheus selects rules and monitors by "
+                             "(kube-prometheus-stack: its Helm release name)")
+    parser.add_argument("--vllm-port", type=int, default=8000, metavar="PORT",
+                        help="with --kubernetes: vLLM's own port in the pod (llm-d decode: 8200; default 8000)")
+    parser.add_argument("--prometheus-namespace", default="monitoring", metavar="NAMESPACE",
+                        help="with --kubernetes: the namespace Prometheus runs in (default monitoring)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the rule files")
 
 
@@ -48,6 +58,19 @@ def run_rules(args) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch: {exc}\n")
         return 64
+    if args.release is not None and not args.kubernetes:
+        sys.stderr.write("hangwatch: --release: only with --kubernetes (plain rule files carry no labels)\n")
+        return 64
+    if args.kubernetes:
+        from . import kubernetes
+        try:
+            written = kubernetes.write(args.out, settings, args.release, args.vllm_port, args.prometheus_namespace)
+        except ConfigError as exc:
+            sys.stderr.write(f"hangwatch: {exc}\n")
+            return 64
+        for path in written:
+            print(path)
+        return 0
     for path in write(args.out, settings):
         print(path)
     sys.stderr.write(f"set scrape_interval: {format_duration(settings.scrape_interval)} (and scrape_timeout at most "

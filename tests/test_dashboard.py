@@ -234,3 +234,61 @@ def test_provisioning_points_at_the_mounted_dashboards():
     mounts = compose["services"]["grafana"]["volumes"]
     assert any(m.startswith("./grafana/dashboards:") and m.split(":")[1] == provider["options"]["path"]
                for m in mounts), mounts
+
+
+# -- variables and links: a fleet across namespaces, models and clusters -------------------------
+def variables() -> dict[str, dict]:
+    return {v["name"]: v for v in load(GRAFANA / "dashboards" / "hangwatch.json")["templating"]["list"]}
+
+
+def test_the_backend_variable_is_narrowed_by_cluster_namespace_and_model_in_that_order():
+    found = variables()
+    assert list(found) == ["datasource", "cluster", "namespace", "model", "target"]
+    known = known_series()
+    for index, name in enumerate(["cluster", "namespace", "model", "target"]):
+        query = found[name]["query"]["query"]
+        for earlier in ["cluster", "namespace", "model"][:index]:
+            assert f"=~\"${earlier}\"" in query, (name, earlier)  # chained: a later list follows the earlier choice
+        assert {m for m in re.findall(r"(hangwatch_\w+)", query)} <= known, name
+        assert found[name]["includeAll"] and found[name]["multi"]
+    # All backends is the listed ones: a bare ".*" would show every backend whatever was chosen above.
+    assert "allValue" not in found["target"]
+    assert found["target"]["regex"] == '/target="([^"]+)"/' and found["target"]["query"]["qryType"] == 3
+
+
+def test_the_backend_query_keeps_backends_serving_the_model_or_listing_none(tmp_path):
+    """The target variable's PromQL, run by promtool: a backend serving the chosen model stays, one
+    serving only others goes, one that lists no models (FastChat's proxy, a blind server) stays."""
+    promtool = require_binary("promtool")
+    query = variables()["target"]["query"]["query"]
+    expr = query[len("query_result("):-1]
+    series = [
+        {"series": 'hangwatch_up{target="a", namespace="llm", cluster="c1"}', "values": "1"},
+        {"series": 'hangwatch_up{target="b", namespace="llm", cluster="c1"}', "values": "1"},
+        {"series": 'hangwatch_up{target="c", namespace="llm", cluster="c1"}', "values": "1"},
+        {"series": 'hangwatch_up{target="d", namespace="other", cluster="c1"}', "values": "1"},
+        {"series": 'hangwatch_model_served{target="a", model="m1"}', "values": "1"},
+        {"series": 'hangwatch_model_served{target="b", model="m2"}', "values": "1"},
+        {"series": 'hangwatch_model_served{target="d", model="m1"}', "values": "1"},
+    ]
+
+    def case(cluster, namespace, model, targets):
+        filled = expr.replace("$cluster", cluster).replace("$namespace", namespace).replace("$model", model)
+        return {"expr": f"sum by (target) ({filled})", "eval_time": "0m",
+                "exp_samples": [{"labels": f'{{target="{t}"}}', "value": 1} for t in targets]}
+    tests = {"rule_files": [], "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+        case(".*", ".*", "m1", ["a", "c", "d"]),
+        case(".*", "llm", "m1", ["a", "c"]),
+        case(".*", "llm", ".*", ["a", "b", "c"]),
+        case("c2", ".*", ".*", []),
+    ]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    done = subprocess.run([promtool, "test", "rules", str(tmp_path / "test.yml")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_dashboard_links_to_vllms_own_dashboards_with_its_choices():
+    link, = load(GRAFANA / "dashboards" / "hangwatch.json")["links"]
+    assert link["type"] == "dashboards" and link["tags"] == ["vllm"]
+    assert link["includeVars"] and link["keepTime"]  # the same namespace, model and backend; the same time

@@ -1,7 +1,7 @@
 """deploy/kubernetes: what can be proven without a cluster, proven with the real tools.
 
-No Kubernetes cluster runs on these machines. So: ``kubectl kustomize`` renders every
-directory; kubernetes-validate accepts every built-in object against the published schemas of
+No Kubernetes cluster runs on these machines. So: ``kubectl kustomize`` (the pinned kubectl from
+PyPI, kustomize v5) renders every directory; kubernetes-validate accepts every built-in object against the published schemas of
 current Kubernetes versions (strict: unknown fields are errors); the Prometheus Operator
 objects validate against the Operator's CRD schemas (npm ``@kubernetes-models/prometheus-operator``
 in deploy/kubernetes/check: patterns and types at run time, unknown fields through ``tsc``, as
@@ -25,6 +25,7 @@ import yaml
 
 from hangwatch.exporter.config import ExporterConfig, exporter_config
 from hangwatch.exporter.query import Asked, asked
+from tests.support.kubectl import kustomize as render
 from tests.support.require import require, require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,15 +33,12 @@ KUBE = ROOT / "deploy" / "kubernetes"
 DIRECTORIES = ["base", "vllm", "external", ".", "forensics"]
 # The oldest version with native sidecars on by default, and the newest the validator knows.
 VERSIONS = ["1.29", "1.33", "latest"]
-CRD_KINDS = {"PrometheusRule", "ServiceMonitor", "Probe"}
+CRD_KINDS = {"PrometheusRule", "ServiceMonitor", "Probe", "PodMonitor"}
+SIDECAR = KUBE / "components" / "hangwatch-sidecar"
 
 
 def kustomize(directory: str) -> list[dict]:
-    kubectl = require_binary("kubectl")
-    done = subprocess.run([kubectl, "kustomize", str(KUBE / directory)], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
+    return render(KUBE / directory)
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +58,13 @@ def test_every_directory_renders_with_kubectl_kustomize(directory):
     kinds = sorted({o["kind"] for o in kustomize(directory)})
     expected = {
         "base": ["ConfigMap", "Deployment", "Namespace", "NetworkPolicy", "PrometheusRule", "Service",
-                 "ServiceAccount"],
-        "vllm": ["ConfigMap", "Deployment", "Namespace", "Service", "ServiceMonitor"],
+                 "ServiceAccount", "ServiceMonitor"],
+        "vllm": ["ConfigMap", "Deployment", "Namespace", "NetworkPolicy", "PodMonitor", "Service"],
         "external": ["ConfigMap", "Deployment", "Namespace", "NetworkPolicy", "Probe", "PrometheusRule",
-                     "Service", "ServiceAccount"],
-        "forensics": ["ConfigMap", "Deployment", "Namespace", "Service", "ServiceMonitor"],
+                     "Service", "ServiceAccount", "ServiceMonitor"],
+        "forensics": ["ConfigMap", "Deployment", "Namespace", "NetworkPolicy", "PodMonitor", "Service"],
     }.get(directory)
-    assert kinds == (expected or sorted(set(kinds) | {"Probe", "ServiceMonitor", "PrometheusRule"}))
+    assert kinds == (expected or sorted(set(kinds) | {"Probe", "ServiceMonitor", "PrometheusRule", "PodMonitor"}))
 
 
 # -- schemas --------------------------------------------------------------------------------------
@@ -121,20 +119,20 @@ def operator_check():
 
 def test_prometheus_operator_objects_pass_the_operator_crd_schemas(rendered, operator_check, tmp_path):
     objects = [o for o in rendered if o["kind"] in CRD_KINDS]
-    assert sorted(o["kind"] for o in objects) == ["Probe", "PrometheusRule", "PrometheusRule",
+    assert sorted(o["kind"] for o in objects) == ["PodMonitor", "Probe", "PrometheusRule", "PrometheusRule",
                                                    "PrometheusRule", "ServiceMonitor"]
     runtime, types = operator_check(objects, tmp_path)
     assert runtime.returncode == 0, runtime.stdout + runtime.stderr
-    assert runtime.stdout.count("valid ") == 5
+    assert runtime.stdout.count("valid ") == 6
     assert types.returncode == 0, types.stdout + types.stderr
 
 
 def test_the_operator_schemas_reject_a_bad_duration_and_a_misspelled_field(rendered, operator_check, tmp_path):
-    monitor = one(rendered, "ServiceMonitor", "vllm-hangwatch")
+    monitor = one(rendered, "PodMonitor", "hangwatch-sidecar")
     bad = copy.deepcopy(monitor)
-    bad["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    bad["spec"]["podMetricsEndpoints"][0]["interval"] = "15 seconds"
     typo = copy.deepcopy(monitor)
-    typo["spec"]["endpoints"][0]["scrapeTimout"] = "10s"
+    typo["spec"]["podMetricsEndpoints"][0]["scrapeTimout"] = "10s"
     runtime, types = operator_check([bad, typo], tmp_path)
     assert runtime.returncode == 1 and "interval must match pattern" in runtime.stdout
     assert types.returncode != 0 and "'\"scrapeTimout\"' does not exist" in types.stdout
@@ -145,8 +143,10 @@ def test_generated_files_are_not_stale(tmp_path):
     done = subprocess.run([sys.executable, str(KUBE / "generate.py"), "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    for fresh in sorted(tmp_path.iterdir()):
-        committed = KUBE / "base" / fresh.name
+    fresh_files = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    assert len(fresh_files) == 3
+    for fresh in fresh_files:
+        committed = KUBE / fresh.relative_to(tmp_path)
         assert committed.read_bytes() == fresh.read_bytes(), (
             f"{committed.relative_to(ROOT)} is stale: run python3 deploy/kubernetes/generate.py")
     check = subprocess.run([sys.executable, str(KUBE / "generate.py"), "--check"], capture_output=True, timeout=60)
@@ -154,8 +154,10 @@ def test_generated_files_are_not_stale(tmp_path):
 
 
 def test_generate_check_fails_on_a_stale_copy(tmp_path):
-    (tmp_path / "prometheusrule.yaml").write_text((KUBE / "base" / "prometheusrule.yaml").read_text() + "# edited\n")
-    (tmp_path / "grafana-dashboard.yaml").write_bytes((KUBE / "base" / "grafana-dashboard.yaml").read_bytes())
+    for name in ("base/prometheusrule.yaml", "base/grafana-dashboard.yaml", "components/hangwatch-rules/prometheusrule.yaml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes((KUBE / name).read_bytes())
+    (tmp_path / "base" / "prometheusrule.yaml").write_text((KUBE / "base" / "prometheusrule.yaml").read_text() + "# edited\n")
     done = subprocess.run([sys.executable, str(KUBE / "generate.py"), "--check", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "prometheusrule.yaml" in done.stderr
@@ -166,11 +168,11 @@ def test_prometheus_rule_groups_are_the_rule_files_groups(rendered):
     files = sorted((ROOT / "rules").glob("*.yml"))
     assert set(rules) == {p.stem for p in files}
     for path in files:  # the shipped rules, with the jobs the Operator names (deploy/kubernetes/generate.py)
-        shipped = yaml.safe_load(path.read_text().replace('job=~"hangwatch"', 'job=~"vllm-hangwatch|probe/hangwatch/hangwatch-external"')
+        shipped = yaml.safe_load(path.read_text().replace('job=~"hangwatch"', 'job=~"hangwatch|probe/hangwatch/hangwatch-external"')
                                  .replace('job=~"hangwatch|hangwatch_exporter|hangwatch_webhook"',
-                                          'job=~"vllm-hangwatch|probe/hangwatch/hangwatch-external|hangwatch-exporter'
-                                          '|hangwatch_webhook"')
-                                 .replace('in job "hangwatch"', 'in job "vllm-hangwatch|probe/hangwatch/hangwatch-external"'))
+                                          'job=~"hangwatch|probe/hangwatch/hangwatch-external|hangwatch_exporter'
+                                          '|hangwatch-exporter|hangwatch_webhook"')
+                                 .replace('in job "hangwatch"', 'in job "hangwatch|probe/hangwatch/hangwatch-external"'))
         assert rules[path.stem]["spec"]["groups"] == shipped["groups"], path.name
         assert rules[path.stem]["metadata"]["namespace"] == "hangwatch"
 
@@ -215,7 +217,8 @@ def test_vllm_probes_ask_the_sidecar_about_its_own_vllm_within_the_budget(render
     for kind, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
         probe = vllm[kind]
         assert urlsplit(probe["httpGet"]["path"]).path == path
-        assert probe["httpGet"]["port"] == sidecar["ports"][0]["name"]
+        # By number: the kubelet looks a named probe port up in the probed container's own ports.
+        assert probe["httpGet"]["port"] == sidecar["ports"][0]["containerPort"]
         read = asked(probe_query(probe), config)
         assert isinstance(read, Asked), read  # a 400/403 here would fail every probe and restart vLLM in a loop
         target = read.target
@@ -229,7 +232,7 @@ def test_vllm_probes_ask_the_sidecar_about_its_own_vllm_within_the_budget(render
 
 def test_the_real_vllm_tier_runs_the_sidecars_settings():
     """tests/real/test_real_vllm_livez.py runs the exporter's defaults: the sidecar uses them."""
-    sidecar = exporter_config(yaml.safe_load((KUBE / "vllm" / "sidecar.yml").read_text()))
+    sidecar = exporter_config(yaml.safe_load((SIDECAR / "exporter.yml").read_text()))
     defaults = ExporterConfig()
     assert (sidecar.liveness_interval, sidecar.liveness_timeout, sidecar.liveness_budget) == (
         defaults.liveness_interval, defaults.liveness_timeout, defaults.liveness_budget)
@@ -237,17 +240,27 @@ def test_the_real_vllm_tier_runs_the_sidecars_settings():
 
 def test_every_scraped_target_is_allowed_by_the_exporter_that_reads_it(rendered):
     sidecar = config_of(rendered, "hangwatch-sidecar")
-    monitor = one(rendered, "ServiceMonitor", "vllm-hangwatch")
-    endpoint, = monitor["spec"]["endpoints"]
-    assert endpoint["path"] == "/probe" and all(sidecar.allows(t) for t in endpoint["params"]["target"])
+    monitor = one(rendered, "PodMonitor", "hangwatch-sidecar")
+    probe_endpoint, metrics_endpoint = monitor["spec"]["podMetricsEndpoints"]
+    assert probe_endpoint["path"] == "/probe" and all(sidecar.allows(t) for t in probe_endpoint["params"]["target"])
+    assert metrics_endpoint["path"] == "/metrics"  # the sidecar's own health: HangwatchExporterDown
     central = config_of(rendered, "hangwatch-exporter")
     probe = one(rendered, "Probe", "hangwatch-external")
     assert all(central.allows(t) for t in probe["spec"]["targets"]["staticConfig"]["static"])
     assert central.allow_targets and sidecar.allow_targets  # listening on 0.0.0.0: never an open relay
-    service = one(rendered, "Service", "vllm-hangwatch")
-    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_the_central_exporters_own_metrics_are_scraped(rendered):
+    """Without it HangwatchExporterDown could never fire for the central exporter."""
+    monitor = one(rendered, "ServiceMonitor", "hangwatch-exporter")
+    service = one(rendered, "Service", "hangwatch-exporter")
+    endpoint, = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["port"] == service["spec"]["ports"][0]["name"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    alerts = one(rendered, "PrometheusRule", "hangwatch-alerts")
+    down, = [r for g in alerts["spec"]["groups"] for r in g["rules"] if r.get("alert") == "HangwatchExporterDown"]
+    jobs = down["expr"].split('job=~"')[1].split('"')[0].split("|")
+    assert service["metadata"]["name"] in jobs and "hangwatch_exporter" in jobs  # the central one, the sidecars'
 
 
 def test_hangwatch_containers_run_unprivileged_with_limits(rendered):

@@ -58,8 +58,9 @@ def variables_for(dashboard: dict) -> dict[str, str]:
         if variable["type"] == "datasource":
             values[variable["name"]] = variable["current"]["value"]
         else:
-            assert variable.get("includeAll") and variable.get("allValue"), variable["name"]
-            values[variable["name"]] = variable["allValue"]
+            # Without an allValue Grafana's All is every listed value: here every target there is.
+            assert variable.get("includeAll"), variable["name"]
+            values[variable["name"]] = variable.get("allValue", ".*")
     # $__rate_interval: max($__interval + scrape interval, 4 x scrape interval) with timeInterval = the scrape.
     values.update(__rate_interval=f"{4 * SCRAPE:g}s", __interval=f"{SCRAPE:g}s", __range="5m")
     return values
