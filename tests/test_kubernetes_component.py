@@ -15,6 +15,7 @@ import re
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -306,3 +307,17 @@ def test_the_documented_patch_for_a_default_deny_namespace_leaves_only_prometheu
     policy = one(kustomize(tmp_path), "NetworkPolicy", "hangwatch-sidecar")
     rule, = policy["spec"]["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": SIDECAR_PORT}] and "namespaceSelector" in rule["from"][0]
+
+
+def test_the_post_renderer_takes_your_image_and_settings():
+    helm_output = (DATA / "production-stack" / "helm-output.yaml").read_text()
+    settings = documents(COMPONENTS / "production-stack" / "settings.yaml")[0]
+    settings["data"]["release"] = "kube-prom-stack"
+    with tempfile.TemporaryDirectory() as work:
+        own = Path(work) / "hangwatch-settings.yaml"
+        own.write_text(yaml.safe_dump(settings))
+        after = post_render(helm_output, {"HANGWATCH_IMAGE": "registry.example:5000/ml/hangwatch:0.2.1",
+                                          "HANGWATCH_SETTINGS": str(own)})
+    sidecar = containers(one(after, "Deployment", "vllm-llama3-deployment-vllm"))["hangwatch"]
+    assert sidecar["image"] == "registry.example:5000/ml/hangwatch:0.2.1"
+    assert one(after, "PodMonitor", "hangwatch-sidecar")["metadata"]["labels"]["release"] == "kube-prom-stack"
