@@ -157,3 +157,10 @@ def test_compose_bounds_the_webhooks_memory_and_its_tmpfs(existing):
     assert 128 * MiB <= limit <= 512 * MiB, limit
     (tmp,) = [t for t in webhook["tmpfs"] if t.split(":")[0] == "/tmp"]
     assert "size=" in tmp and int(tmp.split("size=")[1].rstrip("m")) <= 64, tmp
+
+
+def test_a_chunked_body_without_the_token_is_not_read_either(webhook):
+    head = (b"POST /alerts HTTP/1.1\r\nHost: webhook\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"100000\r\n" + b"x" * 4096)
+    answer, closed = raw_exchange(webhook.port, head)
+    assert answer.startswith(b"HTTP/1.1 401 ") and closed, answer[:200]
