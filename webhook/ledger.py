@@ -398,7 +398,10 @@ def fleet_lock(state_dir: str, *, deadline: float, poll: float = 0.02, cancelled
 @contextmanager
 def _file_lock(state_dir: str, name: str, *, deadline: float, poll: float, cancelled: Callable[[], bool]):
     path = os.path.join(state_dir, "locks", f"{name}.lock")
-    fd = _open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fd = _open(path, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:  # fail closed: no lock, no restart
+        raise LedgerError(f"cannot open lock {path}: {exc.strerror or exc}") from None
     try:
         give_up = time.monotonic() + deadline
         while True:

@@ -203,6 +203,8 @@ class Policy:
         except TimeoutError as exc:
             reason = "shutting_down" if self.stopping else "lock_timeout"
             self.record(alert, target, SKIP, reason, str(exc))
+        except LedgerError as exc:  # a lock file that cannot be opened (e.g. a planted link): no restart
+            self.record(alert, target, SKIP, "ledger_error", str(exc))
 
     def _vetoed(self, alert: Alert, target: Target, since: float | None, refresh: bool = False) -> Container | None:
         """The container if nothing forbids a restart; else None, with the skip recorded."""

@@ -145,14 +145,22 @@ def test_a_request_without_a_body_is_answered_as_before_and_kept_alive(webhook):
     assert MAX_HEADER_BYTES >= 4096  # Alertmanager's head is about 300 bytes
 
 
-def test_compose_bounds_the_webhooks_memory_and_its_tmpfs():
+@pytest.mark.parametrize("existing", [False, True], ids=["stack", "existing-vllm"])
+def test_compose_bounds_the_webhooks_memory_and_its_tmpfs(existing):
     """What the limits above promise, the container enforces: a memory limit with room for the
     idle webhook and eight 1,000-alert notifications at once (measured: 36 -> 88 MiB), and a
     /tmp that cannot grow into it (nothing spools there)."""
-    from tests.test_compose import resolved
-    webhook = resolved([])["services"]["webhook"]
+    from tests.test_compose import EXISTING, resolved
+    webhook = resolved([], EXISTING if existing else None)["services"]["webhook"]
     limit = webhook["mem_limit"]
     limit = int(limit) if isinstance(limit, int) or limit.isdigit() else int(limit[:-1]) * {"m": MiB, "g": 1024 * MiB}[limit[-1]]
     assert 128 * MiB <= limit <= 512 * MiB, limit
     (tmp,) = [t for t in webhook["tmpfs"] if t.split(":")[0] == "/tmp"]
     assert "size=" in tmp and int(tmp.split("size=")[1].rstrip("m")) <= 64, tmp
+
+
+def test_a_chunked_body_without_the_token_is_not_read_either(webhook):
+    head = (b"POST /alerts HTTP/1.1\r\nHost: webhook\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"100000\r\n" + b"x" * 4096)
+    answer, closed = raw_exchange(webhook.port, head)
+    assert answer.startswith(b"HTTP/1.1 401 ") and closed, answer[:200]

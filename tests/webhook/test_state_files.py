@@ -67,7 +67,7 @@ def test_a_ledger_replaced_by_a_link_while_running_is_never_written_through(tmp_
 def test_lock_files_that_are_links_are_refused(tmp_path, victim, name):
     directory = state(tmp_path)
     plant(os.path.join(directory, "locks", name), victim)
-    with pytest.raises((OSError, LedgerError), match="symbolic link"):
+    with pytest.raises(LedgerError, match="symbolic link"):
         if name == "ledger.lock":
             Ledger(directory)
         elif name == "_fleet.lock":
@@ -183,3 +183,17 @@ def test_the_shipped_systemd_unit_makes_a_state_dir_the_webhook_accepts():
     service = parser["Service"]
     assert int(service["StateDirectoryMode"], 8) & 0o022 == 0  # systemd makes it the service user's
     assert service["MemoryMax"] == "256M"
+
+
+@pytest.mark.parametrize("lock", ["vllm-a.lock", "_fleet.lock"])
+def test_a_hung_target_whose_lock_is_a_planted_link_is_not_restarted_and_says_why(harness, victim, lock):
+    """Fail closed: no lock, no restart; one ledger_error decision, nothing written through the link."""
+    h = harness()
+    plant(os.path.join(h.state_dir, "locks", lock), victim)
+    from .fakes import payload
+    assert h.post(payload(h.alert())).status_code == 200
+    h.settle()
+    assert h.restarter.restarts == []
+    (decision,) = h.decisions()
+    assert decision["reason"] == "ledger_error" and "symbolic link" in decision["detail"], decision
+    assert victim.read_bytes() == PRECIOUS
