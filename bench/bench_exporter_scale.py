@@ -23,7 +23,7 @@ is no complete 200 answer saying ``hangwatch_up 1`` (``probe_success 1``) within
 
     python bench/bench_exporter_scale.py [--backends 100,1000,5000] [--interval 15s]
         [--rounds 2] [--burst 100,1000,5000] [--loops evloop,uvloop] [--no-blackbox]
-        [--repeat N] [--static-fleet] [--exporter-ref COMMIT] [--json FILE]
+        [--repeat N] [--shift K] [--static-fleet] [--exporter-ref COMMIT] [--json FILE]
     python bench/bench_exporter_scale.py --summarize run1.json run2.json ...
 
 ``--exporter-ref`` runs an older commit's exporter with this tree's benchmark (the "before"
@@ -189,7 +189,7 @@ async def main_async(args) -> list[dict]:
         fleet = Fleet(n, static=args.static_fleet)
         try:
             for repeat in range(args.repeat):
-                shift = repeat % len(subjects)
+                shift = (repeat + args.shift) % len(subjects)
                 for subject in subjects[shift:] + subjects[:shift]:
                     with tempfile.TemporaryDirectory(prefix="hangwatch-bench-") as workdir:
                         process = start(subject, Path(workdir), args)
@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-blackbox", dest="blackbox", action="store_false",
                         help="skip blackbox_exporter (it runs by default)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of every subject, interleaved (default 1)")
+    parser.add_argument("--shift", type=int, default=0,
+                        help="start the subjects' rotation here (runs split over several invocations)")
     parser.add_argument("--static-fleet", action="store_true", help="the old fleet: one write, a static page")
     parser.add_argument("--exporter-ref", default=None, help="run this git commit's exporter (before numbers)")
     parser.add_argument("--config", default="", help="exporter config YAML text")
