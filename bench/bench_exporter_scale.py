@@ -209,7 +209,7 @@ async def main_async(args) -> list[dict]:
 
 
 def sizes(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
+    return [int(part) for part in text.split(",") if part.strip() and int(part) > 0]  # 0: none
 
 
 def loops(text: str) -> list[str]:
