@@ -55,6 +55,10 @@ from processes import Exporter, Fleet, _stop, free_port, raise_fd_limit  # noqa:
 
 MiB = 2**20
 HEALTH_PATHS = ("/metrics", "/livez", "/readyz")
+# The attacker's source address: another client than the health checks (127.0.0.1), as one on
+# another host would be, so a server that caps per client can tell them apart (all of
+# 127.0.0.0/8 is loopback on Linux).
+ATTACKER = ("127.0.0.2", 0)
 
 
 # -- measuring ---------------------------------------------------------------------------------------
@@ -148,7 +152,7 @@ class Pipelined:
     """A raw keep-alive connection that sends many requests and counts whole answers."""
 
     def __init__(self, port: int):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=ATTACKER)
         self.buffer = b""
         self.statuses: dict[int, int] = {}
 
@@ -254,7 +258,7 @@ def table_fill(exporter: Exporter, workdir: Path) -> dict:
     socks, refused = [], 0
     for _ in range(1030):
         try:
-            sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=2)
+            sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=2, source_address=ATTACKER)
             sock.sendall(request)
             socks.append(sock)
         except OSError:
@@ -277,31 +281,48 @@ def distinct_head(i: int) -> bytes:
 
 def heads(exporter: Exporter, workdir: Path) -> dict:
     total, per_batch, connections = 20000, 100, 8
-    conns = [Pipelined(exporter.port) for _ in range(connections)]
-    sent = answered_count = 0
+    conns: list[Pipelined | None] = [None] * connections
+    sent = answered_count = reopened = refused = 0
+    statuses: dict[int, int] = {}
     deadline = time.monotonic() + 60
     try:
         while sent < total and time.monotonic() < deadline:
-            for conn in conns:
+            for k in range(connections):
+                if conns[k] is None:
+                    try:
+                        conns[k] = Pipelined(exporter.port)
+                    except OSError:
+                        refused += 1
+                        time.sleep(0.05)
+                        continue
+                conn = conns[k]
                 batch = b"".join(distinct_head(sent + i) for i in range(per_batch))
+                sent += per_batch
                 try:
                     conn.sock.sendall(batch)
                 except OSError:
-                    break
-                sent += per_batch
-                answered_count += conn.answers(per_batch, deadline)
+                    pass
+                got = conn.answers(per_batch, min(deadline, time.monotonic() + 10))
+                answered_count += got
+                if got < per_batch:  # the server closed it (or stopped answering): a new one
+                    for code, n in conn.statuses.items():
+                        statuses[code] = statuses.get(code, 0) + n
+                    conn.close()
+                    conns[k] = None
+                    reopened += 1
     finally:
-        statuses: dict[int, int] = {}
         for conn in conns:
-            for code, n in conn.statuses.items():
-                statuses[code] = statuses.get(code, 0) + n
-            conn.close()
+            if conn is not None:
+                for code, n in conn.statuses.items():
+                    statuses[code] = statuses.get(code, 0) + n
+                conn.close()
     rss_now = memory(exporter.pid)[0]
     time.sleep(2)
     rss_later = memory(exporter.pid)[0]
     return {"answered": answered(exporter.port),
             "detail": f"{sent} heads of {len(distinct_head(0))} bytes (95 headers) sent, {answered_count} answered "
-                      f"{statuses}; RSS {rss_now / MiB:.0f} MiB at once, {rss_later / MiB:.0f} MiB 2 s later"}
+                      f"{statuses}, {reopened} connections closed by the server, {refused} refused; "
+                      f"RSS {rss_now / MiB:.0f} MiB at once, {rss_later / MiB:.0f} MiB 2 s later"}
 
 
 def chunked_trailer(exporter: Exporter, workdir: Path) -> dict:
@@ -338,9 +359,18 @@ def slot_leak(exporter: Exporter, workdir: Path) -> dict:
                 return {"answered": None, "detail": "the slot holder's probe never reached its backend"}
             bad = (f"GET /probe?target=not-a-url HTTP/1.1\r\nHost: 127.0.0.1:{exporter.port}\r\n"
                    f"X-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\n").encode()
+            refused = 0
             for _ in range(600):
-                sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=5)
-                sock.sendall(bad)
+                try:
+                    sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=5,
+                                                    source_address=ATTACKER)
+                except OSError:
+                    refused += 1
+                    continue
+                try:
+                    sock.sendall(bad)
+                except OSError:
+                    pass  # closed at once: _collect counts it as closed unanswered
                 sock.setblocking(False)
                 socks.append(sock)
             statuses, pending = _collect(socks, time.monotonic() + 12)
@@ -348,13 +378,15 @@ def slot_leak(exporter: Exporter, workdir: Path) -> dict:
         code, body = http_get(exporter.port, f"/probe?target={fleet.urls()[0]}", 10.0,
                               "X-Prometheus-Scrape-Timeout-Seconds: 5\r\n")
         after = f"{code}{' up 1' if b'hangwatch_up 1' in body else ''}"
+        opened = len(socks)
         for sock in socks:
             sock.close()
         socks = []
         time.sleep(1.0)  # the exporter sees the clients' FINs (no outside condition to wait on)
         close_wait = count_close_wait(exporter.port)
         return {"answered": answered(exporter.port),
-                "detail": f"slot holder {holder_code}; of 600 bad probes {600 - pending} answered {statuses}, "
+                "detail": f"slot holder {holder_code}; of 600 bad probes {refused} refused at connect, "
+                          f"{opened - pending} answered or closed {statuses} (0: closed unanswered), "
                           f"{pending} never; a good probe after: {after}; exporter sockets in CLOSE_WAIT "
                           f"after the clients closed: {close_wait}"}
     finally:
