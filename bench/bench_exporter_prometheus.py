@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A real Prometheus scraping 1,000 backends through one exporter, with the shipped rules.
 
-The fleet (``bench/fleet.py``, busy vLLM pages on 1,000 ports of one process) is listed in
+The fleet (``bench/fleet.py --static``, one busy vLLM page that never moves, on 1,000 ports of
+one process: every target reads hung, the worst case for the alert group) is listed in
 a file_sd file, one target per backend (``target`` label b0000...), relabelled onto the
 exporter as in ``examples/fleet/prometheus-file-sd.yml``; Prometheus (Debian's, started here
 as in tests/e2e) scrapes every 15 s with a 10 s timeout and evaluates ``rules/*.yml`` (3 s
@@ -118,7 +119,9 @@ def main(argv=None) -> int:
     print(f"exporter: {args.exporter_ref or 'this tree'}; rules: {args.rules or 'this tree'}; "
           f"{args.backends} backends, {args.minutes:g} min; "
           f"load before: {loadavg()}", flush=True)
-    fleet = Fleet(args.backends)
+    # The static page (bench/fleet.py --static): nothing moves, so every target reads hung and
+    # 1,000 restart alerts fire, the worst case for the alert group (and comparable runs).
+    fleet = Fleet(args.backends, static=True)
     processes: list[Process] = []
     with tempfile.TemporaryDirectory(prefix="hangwatch-bench-prom-") as tmp:
         workdir = Path(tmp)

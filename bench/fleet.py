@@ -5,16 +5,30 @@ Each backend is its own listening port on 127.0.0.1, so every target the exporte
 a distinct ``host:port`` with its own connections, as thousands of real servers would be
 (one port with many paths would let a client share one connection across "targets").
 Every backend answers like a real vLLM 0.32 (the captures in ``tests/data/vllm-0.32``):
-``/metrics`` is the captured busy page (4 running, so no idle probe is due), gzipped when
-the client accepts gzip as vLLM's prometheus_client does (compressed once here), ``/version``,
+``/metrics`` is the captured busy page (4 running, so no idle probe is due), ``/version``,
 ``/v1/models`` and ``/v1/completions`` the captured answers. Like vLLM's uvicorn
 (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, default 5 s), an idle keep-alive connection is closed
 after ``--keep-alive`` seconds.
 
-The answers are encoded once; one asyncio loop serves every port, so the fleet costs little
-CPU beside the exporter it feeds.
+What makes it honest (issue #23): a real server's answer costs its reader more than a canned
+one, and the benchmark must pay that too.
 
-    python bench/fleet.py --count 1000 [--page tests/data/vllm-0.32/busy.prom]
+- **Head and body in separate writes**, as uvicorn sends them (``http.response.start`` then
+  ``http.response.body``; TCP_NODELAY is on, so they leave as separate segments): a reader
+  wakes for the head and again for the body.
+- **A page that changes every scrape**: a busy server's counters move, so every counter,
+  histogram bucket, count and sum on the page grows with each answer of that backend (its
+  length changes too). Nothing the reader keeps by the page's bytes can hit.
+- gzipped when the client accepts gzip, as vLLM's prometheus_client does (compressed per
+  answer: the page changed).
+
+``--static`` answers the old way — one write of a page that never changes — to compare.
+
+The fixed answers are encoded once, the moving page is built from a template of its numbers
+(~0.2 ms); one asyncio loop serves every port, so the fleet costs little CPU beside the
+exporter it feeds.
+
+    python bench/fleet.py --count 1000 [--page tests/data/vllm-0.32/busy.prom] [--static]
 
 prints one JSON line ``{"ports": [...], "pid": ...}`` when every port listens, then serves
 until stdin closes or SIGTERM.
@@ -23,38 +37,93 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import email.utils
 import gzip
 import json
 import os
 import resource
 import signal
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "vllm-0.32"
 MAX_HEAD = 16384
+METRICS_TYPE = "text/plain; version=1.0.0; charset=utf-8"
+JSON_TYPE = "application/json"
+# A moving sample's growth per answer: counts, buckets and totals by one, sums by a fraction.
+SUM_STEP = 0.37
+MOVING_SUFFIXES = (b"_total", b"_count", b"_bucket", b"_sum")
 
 
-def _response(status: str, content_type: str, body: bytes) -> bytes:
-    return (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-            f"\r\n").encode() + body
+def _head(status: str, content_type: str, length: int, extra: str = "") -> bytes:
+    """uvicorn's head: lower-case names, date and server first."""
+    return (f"HTTP/1.1 {status}\r\ndate: {_http_date()}\r\nserver: uvicorn\r\ncontent-length: {length}\r\n"
+            f"content-type: {content_type}\r\n{extra}\r\n").encode()
 
 
-def answers(page: bytes) -> dict[tuple[bytes, bytes], bytes]:
-    """(method, path) -> the full HTTP response, encoded once. ``/metrics+gzip`` is the page
-    as vLLM's prometheus_client sends it to a client accepting gzip (compressed at level 9)."""
-    json_type = "application/json"
-    metrics_type = "text/plain; version=1.0.0; charset=utf-8"
+_date = [0, ""]
+
+
+def _http_date() -> str:
+    now = int(time.time())
+    if _date[0] != now:  # uvicorn also renders its date header once a second
+        _date[0], _date[1] = now, email.utils.formatdate(now, usegmt=True)
+    return _date[1]
+
+
+def _response(status: str, content_type: str, body: bytes) -> tuple[bytes, bytes]:
+    return _head(status, content_type, len(body)), body
+
+
+class MovingPage:
+    """The captured page as a template: its fixed text between the numbers that move. ``render(k)``
+    is the page after ``k`` answers (every counter, bucket and count + k, every sum + 0.37 k:
+    buckets stay cumulative, counts equal their +Inf bucket)."""
+
+    def __init__(self, page: bytes):
+        self.chunks: list[bytes] = []     # fixed text; a number goes between two chunks
+        self.slots: list[tuple[float, float]] = []   # (value in the capture, growth per answer)
+        pending = []
+        for line in page.splitlines(keepends=True):
+            if line.startswith(b"#") or not line.strip():
+                pending.append(line)
+                continue
+            series, _, value = line.rstrip(b"\n").rpartition(b" ")
+            name = series.split(b"{", 1)[0]
+            if not name.endswith(MOVING_SUFFIXES):
+                pending.append(line)
+                continue
+            pending.append(series + b" ")
+            self.chunks.append(b"".join(pending))
+            pending = [b"\n"]
+            self.slots.append((float(value), SUM_STEP if name.endswith(b"_sum") else 1.0))
+        self.chunks.append(b"".join(pending))
+
+    def render(self, k: int) -> bytes:
+        parts = []
+        append = parts.append
+        for chunk, (base, step) in zip(self.chunks, self.slots):
+            append(chunk)
+            append(repr(base + step * k).encode())
+        append(self.chunks[-1])
+        return b"".join(parts)
+
+
+def answers(page: bytes) -> dict[tuple[bytes, bytes], tuple[bytes, bytes]]:
+    """(method, path) -> (head, body) of the answers that never change, encoded once.
+    ``/metrics+gzip`` is the page as vLLM's prometheus_client sends it to a client accepting
+    gzip (compressed at level 9); the moving page is not here (``Backend.metrics``)."""
     zipped = gzip.compress(page, compresslevel=9)
     return {
-        (b"GET", b"/metrics"): _response("200 OK", metrics_type, page),
-        (b"GET", b"/metrics+gzip"): (f"HTTP/1.1 200 OK\r\nContent-Type: {metrics_type}\r\nContent-Encoding: gzip\r\n"
-                                     f"Content-Length: {len(zipped)}\r\n\r\n").encode() + zipped,
-        (b"GET", b"/version"): _response("200 OK", json_type, (DATA / "version.json").read_bytes()),
-        (b"GET", b"/v1/models"): _response("200 OK", json_type, (DATA / "models.json").read_bytes()),
+        (b"GET", b"/metrics"): _response("200 OK", METRICS_TYPE, page),
+        (b"GET", b"/metrics+gzip"): (_head("200 OK", METRICS_TYPE, len(zipped), "content-encoding: gzip\r\n"),
+                                     zipped),
+        (b"GET", b"/version"): _response("200 OK", JSON_TYPE, (DATA / "version.json").read_bytes()),
+        (b"GET", b"/v1/models"): _response("200 OK", JSON_TYPE, (DATA / "models.json").read_bytes()),
         (b"POST", b"/v1/completions"): _response(
-            "200 OK", json_type, (DATA / "completion-max-tokens-1.json").read_bytes()),
+            "200 OK", JSON_TYPE, (DATA / "completion-max-tokens-1.json").read_bytes()),
     }
 
 
@@ -64,8 +133,9 @@ NOT_FOUND = _response("404 Not Found", "application/json", b'{"detail":"Not Foun
 class Backend(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection to one backend port (bodies are read and ignored)."""
 
-    def __init__(self, table, keep_alive: float, stats: dict):
+    def __init__(self, table, keep_alive: float, stats: dict, moving: MovingPage | None, answered: list[int]):
         self.table, self.keep_alive, self.stats = table, keep_alive, stats
+        self.moving, self.answered = moving, answered  # answered: [metrics pages this backend served]
         self.buffer = b""
         self.idle = None
 
@@ -78,6 +148,14 @@ class Backend(asyncio.Protocol):
         if self.idle is not None:
             self.idle.cancel()
         self.idle = asyncio.get_running_loop().call_later(self.keep_alive, self.transport.close)
+
+    def metrics(self, gzipped: bool) -> tuple[bytes, bytes]:
+        self.answered[0] += 1
+        body = self.moving.render(self.answered[0])
+        if gzipped:
+            body = gzip.compress(body, compresslevel=9)
+            return _head("200 OK", METRICS_TYPE, len(body), "content-encoding: gzip\r\n"), body
+        return _head("200 OK", METRICS_TYPE, len(body)), body
 
     def data_received(self, data):
         self.buffer += data
@@ -100,10 +178,20 @@ class Backend(asyncio.Protocol):
                 return
             self.buffer = self.buffer[end + 4 + length:]
             method, path = head.split(b" ", 2)[:2]
-            if gzipped and path == b"/metrics":
-                path = b"/metrics+gzip"
             self.stats["requests"] += 1
-            self.transport.write(self.table.get((method, path), NOT_FOUND))
+            if gzipped and path == b"/metrics":
+                self.stats["gzipped"] += 1
+            if self.moving is not None and method == b"GET" and path == b"/metrics":
+                head_bytes, body = self.metrics(gzipped)
+            else:
+                if gzipped and path == b"/metrics":
+                    path = b"/metrics+gzip"
+                head_bytes, body = self.table.get((method, path), NOT_FOUND)
+            if self.moving is None:
+                self.transport.write(head_bytes + body)  # the old fleet: one write
+            else:
+                self.transport.write(head_bytes)  # uvicorn: http.response.start ...
+                self.transport.write(body)        # ... then http.response.body
             self._arm()
 
     def connection_lost(self, exc):
@@ -111,19 +199,25 @@ class Backend(asyncio.Protocol):
             self.idle.cancel()
 
 
-async def serve(count: int, page: bytes, keep_alive: float) -> None:
+async def serve(count: int, page: bytes, keep_alive: float, static: bool) -> None:
     loop = asyncio.get_running_loop()
     table = answers(page)
-    stats = {"connections": 0, "requests": 0}
-    servers = [await loop.create_server(lambda: Backend(table, keep_alive, stats), "127.0.0.1", 0, backlog=1024)
-               for _ in range(count)]
+    moving = None if static else MovingPage(page)
+    stats = {"connections": 0, "requests": 0, "gzipped": 0}
+
+    def backend_factory():
+        answered = [0]  # per port: every connection to one backend sees the same counters move
+        return lambda: Backend(table, keep_alive, stats, moving, answered)
+
+    servers = [await loop.create_server(backend_factory(), "127.0.0.1", 0, backlog=1024) for _ in range(count)]
     ports = [s.sockets[0].getsockname()[1] for s in servers]
     print(json.dumps({"ports": ports, "pid": os.getpid()}), flush=True)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_reader(sys.stdin.fileno(), lambda: sys.stdin.buffer.read1(65536) or stop.set())
     await stop.wait()
-    sys.stderr.write(f"fleet: {stats['connections']} connections, {stats['requests']} requests\n")
+    sys.stderr.write(f"fleet: {stats['connections']} connections, {stats['requests']} requests "
+                     f"({stats['gzipped']} asked for gzip)\n")
 
 
 def raise_fd_limit(needed: int) -> None:
@@ -137,9 +231,11 @@ def main(argv=None) -> int:
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--page", default=str(DATA / "busy.prom"))
     parser.add_argument("--keep-alive", type=float, default=5.0, help="idle keep-alive seconds (vLLM: 5)")
+    parser.add_argument("--static", action="store_true",
+                        help="the old fleet: one write, a page that never changes (to compare)")
     args = parser.parse_args(argv)
     raise_fd_limit(args.count * 3 + 256)
-    asyncio.run(serve(args.count, Path(args.page).read_bytes(), args.keep_alive))
+    asyncio.run(serve(args.count, Path(args.page).read_bytes(), args.keep_alive, args.static))
     return 0
 
 

@@ -1,5 +1,6 @@
 """Start the benchmark's processes — the backend fleet, the exporter (this tree's or an older
-commit's), a real Prometheus — and stop them by PID. Nothing is left behind."""
+commit's, on either event loop), blackbox_exporter, a real Prometheus — and stop them by PID.
+Nothing is left behind."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -38,10 +40,12 @@ def _stop(popen: subprocess.Popen) -> None:
 class Fleet:
     """``bench/fleet.py``: ``count`` vLLM backends on their own ports, in one process."""
 
-    def __init__(self, count: int, page: Path | None = None):
+    def __init__(self, count: int, page: Path | None = None, static: bool = False):
         argv = [sys.executable, str(ROOT / "bench" / "fleet.py"), "--count", str(count)]
         if page is not None:
             argv += ["--page", str(page)]
+        if static:
+            argv.append("--static")
         self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)
         line = self.popen.stdout.readline()
         if not line:
@@ -78,10 +82,15 @@ def old_tree(ref: str, workdir: Path) -> Path:
 
 
 class Exporter:
-    """``hangwatch exporter`` on a free loopback port; ``ref`` runs an older commit's code."""
+    """``hangwatch exporter`` on a free loopback port; ``ref`` runs an older commit's code;
+    ``loop`` other than ``evloop`` runs it through ``bench/loopchoice.py`` on that loop."""
 
-    def __init__(self, workdir: Path, config: str = "", ref: str | None = None, listen: str = "127.0.0.1:0"):
+    def __init__(self, workdir: Path, config: str = "", ref: str | None = None, listen: str = "127.0.0.1:0",
+                 loop: str = "evloop"):
         env = dict(os.environ)
+        env["HANGWATCH_BENCH_LOOP"] = loop
+        command = [sys.executable, str(ROOT / "bench" / "loopchoice.py")] if loop != "evloop" else \
+            [sys.executable, "-m", "hangwatch"]
         if ref:
             env["PYTHONPATH"] = str(old_tree(ref, Path(tempfile.mkdtemp(dir=workdir))))
         config_path = workdir / "exporter.yml"
@@ -89,7 +98,7 @@ class Exporter:
         self.log_path = workdir / "exporter.log"
         self.log = open(self.log_path, "wb")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "hangwatch", "exporter", "--listen", listen, "--config", str(config_path)],
+            command + ["exporter", "--listen", listen, "--config", str(config_path)],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir, env=env)
         self.pid = self.popen.pid
         deadline = time.monotonic() + 30
@@ -103,6 +112,62 @@ class Exporter:
                 raise RuntimeError(f"the exporter did not start:\n{self.log_path.read_text()[-2000:]}")
             time.sleep(0.05)
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        _stop(self.popen)
+        self.log.close()
+
+
+BLACKBOX = "prometheus-blackbox-exporter"   # Debian's package of the same name
+BLACKBOX_MODULE = "vllm_metrics"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Blackbox:
+    """blackbox_exporter (the reference multi-target exporter, Go) on a loopback port, with one
+    http module that reads a backend's ``/metrics``: ``GET``, 200 wanted, identity encoding as
+    hangwatch asks. It reads the body whole (to count its bytes) and looks at nothing in it:
+    the cheapest honest reading, so the ratio is the strict one. Probe ``/probe?target=http://host:port/metrics&module=vllm_metrics``."""
+
+    def __init__(self, workdir: Path, binary: str | None = None):
+        binary = binary or shutil.which(BLACKBOX) or shutil.which("blackbox_exporter")
+        if binary is None:
+            raise RuntimeError(f"{BLACKBOX} is not installed (Debian: apt-get install -y {BLACKBOX})")
+        config = workdir / "blackbox.yml"
+        config.write_text(
+            "modules:\n"
+            f"  {BLACKBOX_MODULE}:\n"
+            "    prober: http\n"
+            "    timeout: 10s\n"
+            "    http:\n"
+            "      method: GET\n"
+            "      valid_status_codes: [200]\n"
+            "      preferred_ip_protocol: ip4\n"
+            "      headers:\n"
+            "        Accept-Encoding: identity\n")
+        self.port = free_port()
+        self.log_path = workdir / "blackbox.log"
+        self.log = open(self.log_path, "wb")
+        self.popen = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--web.listen-address=127.0.0.1:{self.port}",
+             "--log.level=warn"], stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
+        self.pid = self.popen.pid
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    break
+            except OSError:
+                pass
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"blackbox_exporter did not start:\n{self.log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         _stop(self.popen)

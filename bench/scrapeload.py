@@ -90,7 +90,9 @@ class Scraper:
             for line in lines[1:]:
                 name, _, value = line.partition(":")
                 headers[name.strip().lower()] = value.strip()
-            if "content-length" in headers:
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                body = await read_chunked(reader)  # Go's server chunks an answer over 2 KiB
+            elif "content-length" in headers:
                 body = await reader.readexactly(int(headers["content-length"]))
             else:
                 body = await reader.read()
@@ -117,6 +119,19 @@ class Scraper:
             result.fail("answer without hangwatch_up 1")
         else:
             result.latencies.append(time.monotonic() - started)
+
+
+async def read_chunked(reader: asyncio.StreamReader) -> bytes:
+    """A chunked body (RFC 9112 7.1), trailers skipped."""
+    parts = []
+    while True:
+        size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                pass
+            return b"".join(parts)
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
 
 
 async def spread(scraper: Scraper, paths: list[str], interval: float, rounds: int,
