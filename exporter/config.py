@@ -27,6 +27,7 @@ class TargetSettings:
     url: str
     api_key: str | None = field(default=None, repr=False)  # never printed
     probe: str | None = None  # None: the default (auto)
+    stall_window: float | None = None  # None: the engine's default (hangwatch/engines.py)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class ExporterConfig:
         settings = self._settings.get(target.rstrip("/"))
         api_key = settings.api_key if settings and settings.api_key else self.api_key
         kind = probe or (settings.probe if settings and settings.probe else PROBE_AUTO)
-        return Options(api_key=api_key, probe=kind)
+        return Options(api_key=api_key, probe=kind, stall_window=settings.stall_window if settings else None)
 
 
 def _count(data, key: str, default: int, low: int, high: int) -> int:
@@ -76,11 +77,13 @@ def probe_kind(value: Any, path: str) -> str:
 
 
 def _target_settings(raw: Any, path: str) -> TargetSettings:
-    data = mapping(raw, path, {"url", "api_key_file", "probe"}, required={"url"})
+    data = mapping(raw, path, {"url", "api_key_file", "probe", "stall_window"}, required={"url"})
     return TargetSettings(
         url=http_url(data["url"], f"{path}.url", allow_path=True),
         api_key=secret_file(data["api_key_file"], f"{path}.api_key_file") if "api_key_file" in data else None,
-        probe=probe_kind(data["probe"], f"{path}.probe") if "probe" in data else None)
+        probe=probe_kind(data["probe"], f"{path}.probe") if "probe" in data else None,
+        stall_window=duration(data["stall_window"], f"{path}.stall_window", low=1.0, high=7 * 86400.0)
+        if "stall_window" in data else None)
 
 
 def exporter_config(data: Any) -> ExporterConfig:
@@ -102,7 +105,7 @@ def exporter_config(data: Any) -> ExporterConfig:
         raise ConfigError("allow_targets: expected a list of URLs")
     settings = data.get("targets", [])
     if not isinstance(settings, list):
-        raise ConfigError("targets: expected a list of {url, api_key_file, probe}")
+        raise ConfigError("targets: expected a list of {url, api_key_file, probe, stall_window}")
     settings = tuple(_target_settings(t, f"targets[{i}]") for i, t in enumerate(settings))
     seen: dict[str, int] = {}
     for i, target in enumerate(settings):
