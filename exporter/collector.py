@@ -78,10 +78,10 @@ def _counter(name: str, doc: str, value: float) -> Series:
     return Series(name, doc, "counter", (), (((), value),))
 
 
-def families_for(observation: Observation, module: str, duration: float):
+def families_for(observation: Observation, module: str, duration: float, stall_window: float | None = None):
     """The normalized series for one observation as prometheus_client families (a pure
     function, tested directly; the rules' tests build their input series from it)."""
-    return as_families(series_for(observation, module, duration))
+    return as_families(series_for(observation, module, duration, stall_window=stall_window))
 
 
 def as_families(all_series):
