@@ -141,3 +141,21 @@ def test_check_with_a_stall_window_says_busy_while_tokens_come_out(sim):
 def test_stalled_is_hung_needs_liveness_and_a_window():
     result = run_cli("http://127.0.0.1:9", "--stalled-is-hung")
     assert result.returncode == 64 and "--stalled-is-hung" in result.stderr
+
+
+def test_rules_take_each_engines_window_and_the_flag_overrides_one(tmp_path):
+    from hangwatch.cli import main
+    assert main(["rules", "--out", str(tmp_path / "default")]) == 0
+    default = (tmp_path / "default" / "hangwatch-recording.yml").read_text()
+    assert 'hangwatch_backend_info{engine=~"vllm|tgi"}) * 300' in default
+    assert 'hangwatch_backend_info{engine=~"llamacpp|sglang"}) * 1800' in default
+    assert main(["rules", "--out", str(tmp_path / "mine"), "--stall-window", "vllm=10m"]) == 0
+    mine = (tmp_path / "mine" / "hangwatch-recording.yml").read_text()
+    assert 'hangwatch_backend_info{engine="vllm"}) * 600' in mine and 'engine="tgi"}) * 300' in mine
+
+
+@pytest.mark.parametrize("flag", ["nosuch=5m", "vllm=5", "1s"])
+def test_a_bad_rules_stall_window_is_usage_exit_64(tmp_path, flag):
+    result = subprocess.run([sys.executable, "-m", "hangwatch", "rules", "--out", str(tmp_path),
+                             "--stall-window", flag], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 64 and "--stall-window" in result.stderr, result.stderr
