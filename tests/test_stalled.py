@@ -159,3 +159,19 @@ def test_a_bad_rules_stall_window_is_usage_exit_64(tmp_path, flag):
     result = subprocess.run([sys.executable, "-m", "hangwatch", "rules", "--out", str(tmp_path),
                              "--stall-window", flag], capture_output=True, text=True, timeout=60)
     assert result.returncode == 64 and "--stall-window" in result.stderr, result.stderr
+
+
+def test_a_targets_own_stall_window_is_exported_for_that_target_only():
+    from hangwatch.exporter.collector import render_series, series_for
+    from hangwatch.exporter.config import ConfigError as ExporterConfigError, exporter_config
+    config = exporter_config({"targets": [{"url": "http://127.0.0.1:8000", "stall_window": "90s"}]})
+    assert config.options_for("http://127.0.0.1:8000").stall_window == 90
+    assert config.options_for("http://127.0.0.1:8001").stall_window is None
+    reading = parse((DATA / "vllm-0.32" / "busy.prom").read_text())
+    observation = Observation(0.0, "ok", reading=reading)
+    own = render_series(series_for(observation, "backend", 0.01, stall_window=90)).decode()
+    assert "hangwatch_stall_window_seconds 90.0" in own
+    assert f"hangwatch_engine_output_total {reading.output()}" in own
+    assert "hangwatch_stall_window_seconds" not in render_series(series_for(observation, "backend", 0.01)).decode()
+    with pytest.raises(ExporterConfigError, match=r"targets\[0\]\.stall_window"):
+        exporter_config({"targets": [{"url": "http://127.0.0.1:8000", "stall_window": 90}]})
