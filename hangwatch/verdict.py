@@ -118,12 +118,6 @@ def counters_sum(reading: Reading) -> float | None:
     return sum(counters.values()) if counters else None
 
 
-def stall_window(engine: str | None) -> float:
-    """The engine's default stall window in seconds (engines.EngineMetrics.stall_window)."""
-    spec = ENGINES_BY_NAME.get(engine) if engine else None
-    return spec.stall_window if spec else ENGINES_BY_NAME["vllm"].stall_window
-
-
 def judge(observations: Sequence[Observation], *, grace: float = 0.0,
           stall_window: float | None = None) -> Verdict:
     """The verdict the latest observation supports, given the ones before it; ``stalled`` only
