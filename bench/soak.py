@@ -113,6 +113,7 @@ class Soak:
         self.in_flight = InFlight()
         self.cpu: dict[str, dict[str, float]] = {}
         self.decision_wall: float | None = None
+        self.stalled_before_freeze: bool | None = None  # did the rules ever say stalled in phase B?
         self.notification_wall: float | None = None
         self.naive_decision: float | None = None
         self.first = self.last = None
@@ -166,6 +167,8 @@ class Soak:
         self._observe(s.phase_s)
         self.cpu["B"] = self._cpu_end(cpu)
 
+        # A saturated server gives output all along: the rules must never have said stalled.
+        self.stalled_before_freeze = self.stack.ever("stalled", time.monotonic() - self.marks.b0 + 1)
         self.say("freeze: SIGSTOP of VLLM::EngineCore with the load in flight")
         self.marks.freeze_wall = time.time()
         self.marks.freeze = time.monotonic()
@@ -409,6 +412,7 @@ def summarize(soak: Soak) -> dict:
         "hangwatch": {
             "false restarts": sum(1 for d in before_freeze if d["action"] == "restart"),
             "hang alerts before the freeze": len(alerts_before),
+            "stalled before the freeze": soak.stalled_before_freeze,
             "decisions before the freeze": [(d["action"], d["reason"]) for d in before_freeze],
             "requests while in flight": len(busy),
             "requests while in flight (detail)": [dataclasses.asdict(r) for r in busy[:20]],

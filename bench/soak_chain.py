@@ -42,6 +42,9 @@ REPO = Path(__file__).resolve().parents[1]
 TARGET = "vllm-a"   # the target name the helper's state queries use
 
 
+STALL_WINDOW_S = 12.0
+
+
 def start_stack(workdir: Path, backend_url: str, *, container: str, hook_url: str, hook_token_file: Path,
                 scrape_interval: float, scrape_timeout: float):
     """Exporter → Prometheus → Alertmanager watching ``backend_url`` as target ``vllm-a``
@@ -69,8 +72,11 @@ def start_stack(workdir: Path, backend_url: str, *, container: str, hook_url: st
             return config
 
     backend = type("Backend", (), {"url": backend_url})()
+    # The stall window the fault tests prove stalls with (tests/real_faults): a saturated server,
+    # long prefills included, must never go that long without output.
     return SoakStack(workdir, scrape_interval=scrape_interval, scrape_timeout=scrape_timeout,
-                     simulator=backend).start()
+                     simulator=backend,
+                     exporter_config={"targets": [{"url": backend_url, "stall_window": f"{STALL_WINDOW_S:g}s"}]}).start()
 
 
 def stack_processes(stack) -> dict[str, int]:

@@ -22,7 +22,9 @@ Sample output for a busy vLLM::
     hangwatch_prefix_cache_queries_total 812.0
     hangwatch_requests_finished_total 12.0
     hangwatch_kv_cache_usage_ratio 0.031
-    hangwatch_engine_counters_total 27239.0
+    hangwatch_engine_output_total 20492.0
+    hangwatch_engine_preemptions_total 0.0
+    hangwatch_engine_counters_total 27251.0
     hangwatch_engine_progress_fingerprint 5.445924108713651e+15
     hangwatch_process_start_time_seconds 1.7644e+09
     hangwatch_engine_asleep 0.0
@@ -76,10 +78,10 @@ def _counter(name: str, doc: str, value: float) -> Series:
     return Series(name, doc, "counter", (), (((), value),))
 
 
-def families_for(observation: Observation, module: str, duration: float):
+def families_for(observation: Observation, module: str, duration: float, stall_window: float | None = None):
     """The normalized series for one observation as prometheus_client families (a pure
     function, tested directly; the rules' tests build their input series from it)."""
-    return as_families(series_for(observation, module, duration))
+    return as_families(series_for(observation, module, duration, stall_window=stall_window))
 
 
 def as_families(all_series):
@@ -94,9 +96,11 @@ def as_families(all_series):
         yield family
 
 
-def series_for(observation: Observation, module: str, duration: float, version: str | None = None):
+def series_for(observation: Observation, module: str, duration: float, version: str | None = None,
+               stall_window: float | None = None):
     """The normalized series for one observation: the one definition of what /probe exposes.
-    ``version``: the engine's, when known (else the reading's own, if it has one)."""
+    ``version``: the engine's, when known (else the reading's own, if it has one);
+    ``stall_window``: the target's own, when its config sets one."""
     yield _gauge("hangwatch_up", "1 if the backend answered HTTP within the budget.",
                  1.0 if observation.answered else 0.0)
     yield _gauge("hangwatch_connection_stalled",
@@ -131,6 +135,17 @@ def series_for(observation: Observation, module: str, duration: float, version: 
                          tuple(tokens))
         if reading.kv_cache_usage is not None:
             yield _gauge("hangwatch_kv_cache_usage_ratio", "KV-cache usage, 0 to 1.", reading.kv_cache_usage)
+        output = reading.output()
+        if output is not None:
+            yield _counter("hangwatch_engine_output", "Output: tokens out and requests answered (not aborted, "
+                           "not failed), summed over the engine's output signals; flat with requests in flight "
+                           "is a stall.", output)
+        if reading.preemptions is not None:
+            yield _counter("hangwatch_engine_preemptions", "Requests preempted (KV evicted) to make room.",
+                           reading.preemptions)
+        if stall_window is not None:
+            yield _gauge("hangwatch_stall_window_seconds", "This target's own stall window (its config's "
+                         "stall_window); absent: the engine's default in the rules.", stall_window)
         total = counters_sum(reading)
         if total is not None:
             yield _counter("hangwatch_engine_counters", "The sum of the engine's counters above: it goes back "
@@ -234,7 +249,7 @@ class BackendCollector:
                 if self.versions is not None:
                     self.versions.put(self.target, reading.engine, reading.process_start, version)
         self.last_observation = observation
-        return series_for(observation, self.module, time.monotonic() - started, version)
+        return series_for(observation, self.module, time.monotonic() - started, version, self.options.stall_window)
 
     def version_asks(self, observation: Observation, deadline: Deadline, known: str | None) -> bool:
         """True when ``series`` would send a request: ``known`` (what ``known_version`` said for

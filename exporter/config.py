@@ -30,6 +30,7 @@ class TargetSettings:
     api_key: str | None = field(default=None, repr=False)  # never printed
     probe: str | None = None  # None: the default (auto)
     module: str = "backend"
+    stall_window: float | None = None  # None: the engine's default (hangwatch/engines.py)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ class ExporterConfig:
         else:
             api_key = self.api_key if target in self._allowed else None
         configured = settings.probe if settings and settings.probe else PROBE_AUTO
-        return Options(api_key=api_key, probe=narrowed_probe(configured, probe))
+        return Options(api_key=api_key, probe=narrowed_probe(configured, probe),
+                       stall_window=settings.stall_window if settings else None)
 
 
 def narrowed_probe(configured: str, asked: str | None) -> str:
@@ -116,12 +118,14 @@ def probe_kind(value: Any, path: str) -> str:
 
 
 def _target_settings(raw: Any, path: str) -> TargetSettings:
-    data = mapping(raw, path, {"url", "api_key_file", "probe", "module"}, required={"url"})
+    data = mapping(raw, path, {"url", "api_key_file", "probe", "module", "stall_window"}, required={"url"})
     return TargetSettings(
         url=http_url(data["url"], f"{path}.url", allow_path=True),
         api_key=secret_file(data["api_key_file"], f"{path}.api_key_file") if "api_key_file" in data else None,
         probe=probe_kind(data["probe"], f"{path}.probe") if "probe" in data else None,
-        module=module_name(data["module"], f"{path}.module") if "module" in data else "backend")
+        module=module_name(data["module"], f"{path}.module") if "module" in data else "backend",
+        stall_window=duration(data["stall_window"], f"{path}.stall_window", low=1.0, high=7 * 86400.0)
+        if "stall_window" in data else None)
 
 
 def module_name(value: Any, path: str) -> str:
@@ -160,7 +164,7 @@ def exporter_config(data: Any) -> ExporterConfig:
         raise ConfigError("allow_targets: expected a list of URLs")
     settings = data.get("targets", [])
     if not isinstance(settings, list):
-        raise ConfigError("targets: expected a list of {url, api_key_file, probe, module}")
+        raise ConfigError("targets: expected a list of {url, api_key_file, probe, module, stall_window}")
     settings = tuple(_target_settings(t, f"targets[{i}]") for i, t in enumerate(settings))
     seen: dict[str, int] = {}
     for i, target in enumerate(settings):

@@ -4,7 +4,9 @@
 re-check both use ``check``. It takes a reading, and only if the verdict could still
 change does it wait ``interval`` seconds and take another: an idle server with a good probe
 or a busy server whose counters moved is settled after one or two readings; "hung" always
-needs three readings (two intervals) of in-flight work with nothing moving.
+needs three readings (two intervals) of in-flight work with nothing moving. Given a stall
+window, a busy server whose output has not moved yet is read on until the readings span the
+window: ``stalled`` needs that long without a token out or a request answered.
 """
 from __future__ import annotations
 
@@ -59,12 +61,13 @@ class CheckResult:
             "models": list(latest.models) if latest else list(self.observations[-1].listed_models or ()),
             "module": self.module,
             "readings": len(self.observations),
+            "output": reading.output() if reading else None,
             "exit_code": self.exit_code,
         }
 
 
 def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: float = 5.0,
-          grace: float = 0.0, engine: str | None = None, api_key: str | None = None, probe: str = PROBE_AUTO,
+          grace: float = 0.0, stall_window: float | None = None, engine: str | None = None, api_key: str | None = None, probe: str = PROBE_AUTO,
           client: Client | None = None, sleep: Callable[[float], None] = time.sleep,
           clock: Callable[[], float] = time.monotonic,
           on_observation: Callable[[Observation, Verdict], None] | None = None) -> CheckResult:
@@ -82,10 +85,11 @@ def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: 
         while True:
             observation = observe(client, url, Deadline.after(timeout), options, clock=clock)
             observations.append(observation)
-            verdict = judge(observations, grace=grace)
+            verdict = judge(observations, grace=grace, stall_window=stall_window)
             if on_observation:
                 on_observation(observation, verdict)
-            if verdict.settled or len(observations) >= _max_readings(observations, interval, grace):
+            if verdict.settled or len(observations) >= _max_readings(observations, interval,
+                                                                       max(grace, stall_window or 0.0)):
                 return CheckResult(verdict, module, tuple(observations))
             sleep(interval)
     finally:
@@ -94,7 +98,8 @@ def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: 
 
 
 def _max_readings(observations, interval: float, grace: float) -> int:
-    """Enough readings for two intervals plus the grace — the caller's or the engine's own."""
+    """Enough readings for two intervals plus the grace — the caller's or the engine's own — or
+    the stall window, if longer."""
     engine = next((o.reading.engine for o in observations if o.reading is not None), None)
     longest = max(grace, min_grace(engine) if engine else 0.0)
     return 4 + math.ceil(longest / interval)

@@ -13,7 +13,7 @@ import sys
 from . import __version__, logs
 from .check import MODULES, check
 from .observation import PROBE_AUTO, PROBE_KINDS
-from .settings import EXIT_CONFIG, ConfigError, secret_file
+from .settings import EXIT_CONFIG, ConfigError, duration, secret_file
 
 EXIT_USAGE = EXIT_CONFIG
 
@@ -44,6 +44,13 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _duration(text: str) -> float:
+    try:
+        return duration(text, "--stall-window", low=0.001, high=7 * 86400.0)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+
 def _url(text: str) -> str:
     if not text.startswith(("http://", "https://")) or len(text) < 10:
         raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
@@ -55,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    c = commands.add_parser("check", help="judge one backend: idle, busy, hung, restarted, blind or down")
+    c = commands.add_parser("check", help="judge one backend: idle, busy, hung, restarted, blind or down "
+                                          "(and stalled, given --stall-window)")
     c.add_argument("url", nargs="?", type=_url, help="the backend's base URL, e.g. http://127.0.0.1:8000")
     c.add_argument("--proxy", type=_url, metavar="URL", help="check a load-balancing proxy via /v1/models only")
     c.add_argument("--module", choices=MODULES, default=None)
@@ -63,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout", type=_positive, default=5.0, help="seconds each request may take (default 5)")
     c.add_argument("--grace", type=_non_negative, default=0.0,
                    help="extra seconds without progress before hung (default 0: two intervals)")
+    c.add_argument("--stall-window", type=_duration, default=None, metavar="DURATION",
+                   help="also judge stalled (exit 3): in flight and no output (no token, no request "
+                        "answered) for this long, e.g. 5m; the check then reads for at least that long")
+    c.add_argument("--stalled-is-hung", action="store_true",
+                   help="with --liveness and --stall-window: fail the liveness probe on stalled too")
     c.add_argument("--engine", choices=("vllm", "llamacpp", "sglang", "tgi"), default=None,
                    help="skip engine detection")
     c.add_argument("--api-key-file", metavar="FILE", default=None,
@@ -148,10 +161,13 @@ def run_check(args) -> int:
             api_key = secret_file(args.api_key_file, "--api-key-file")
         except ConfigError as exc:
             raise _usage(str(exc)) from None
+    if args.stalled_is_hung and not (args.liveness and args.stall_window):
+        raise _usage("--stalled-is-hung needs --liveness and --stall-window")
     if args.liveness:
         return run_liveness(args, url, module, show, api_key=api_key, probe=args.probe)
     result = check(url, module=module, interval=args.interval, timeout=args.timeout, grace=args.grace,
-                   engine=args.engine, api_key=api_key, probe=args.probe, on_observation=show)
+                   stall_window=args.stall_window, engine=args.engine, api_key=api_key, probe=args.probe,
+                   on_observation=show)
     if args.json:
         print(json.dumps(result.as_json()))
     else:
@@ -162,11 +178,13 @@ def run_check(args) -> int:
 def run_liveness(args, url: str, module: str, show, **target) -> int:
     """`check --liveness`: the bounded check behind the exporter's /livez, as an exit code."""
     from . import liveness
-    budget = liveness.needed_budget(args.interval, args.timeout)
+    # A stall window is read whole: the budget grows by it (an exec probe's timeoutSeconds must too).
+    budget = liveness.needed_budget(args.interval, args.timeout) + (args.stall_window or 0.0)
     outcome = liveness.run_with_deadline(lambda: liveness.bounded_check(
         url, module=module, interval=args.interval, timeout=args.timeout, budget=budget,
-        grace=args.grace, engine=args.engine, on_observation=show, **target), budget + 1.0)
-    answer = liveness.liveness(outcome)
+        grace=args.grace, stall_window=args.stall_window, engine=args.engine, on_observation=show, **target),
+        budget + 1.0)
+    answer = liveness.liveness(outcome, stalled_is_hung=args.stalled_is_hung)
     code = 0 if answer.ok else 1
     if args.json:
         body = outcome.result.as_json() if outcome else {"verdict": None}

@@ -15,15 +15,39 @@ Field meanings (all summed over every label set, e.g. vLLM's ``engine`` and ``mo
   a request finishes.
 - ``prefix_cache_queries``: moves when a prefill is scheduled (vLLM: jumps by the prompt
   length at the start of a prefill).
-- ``finished``: requests completed by the engine.
+- ``finished``: requests completed by the engine (vLLM: aborted and failed ones included).
+- ``served``: requests that finished with an answer: not aborted, not failed (vLLM's
+  ``request_success_total`` without ``finished_reason="abort"|"error"``). Clients that give up
+  on a stalled server abort, and an abort must not read as output.
+- ``decodes``: successful decode calls (TGI); each gives every running request one token.
+- ``preemptions``: requests preempted (their KV evicted) to make room: thrash when KV is full.
 - ``kv_cache_usage``: a 0..1 gauge; climbs chunk by chunk during a long prefill.
 - ``process_start``: seconds since the epoch; absent in vLLM's multiprocess mode.
 
 Counter names are listed without ``_total``: the parser accepts both spellings.
+
+``output`` names the fields whose increase proves a request is being *served* (a token out,
+a request answered), as opposed to engine work (``progress``: a prefill, a cache query, a KV
+block). In flight for ``stall_window`` seconds with no output at all is ``stalled``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LabelFilter:
+    """Which labelled samples of a family count toward a field: ``keep`` only those values of
+    ``label``, or every value but those in ``drop``."""
+
+    label: str
+    keep: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
+
+    def admits(self, value: str | None) -> bool:
+        if self.keep:
+            return value in self.keep
+        return value not in self.drop
 
 
 @dataclass(frozen=True)
@@ -48,6 +72,14 @@ class EngineMetrics:
     process_start: tuple[str, ...] = ("process_start_time_seconds",)
     # Normalized fields whose movement between two readings proves engine work.
     progress: tuple[str, ...] = ()
+    # Normalized fields whose increase proves output (a token out, a request answered).
+    output: tuple[str, ...] = ()
+    # Counter fields read from some labelled samples of their family only.
+    label_filters: dict[str, LabelFilter] = field(default_factory=dict)
+    # Seconds with requests in flight and no output at all after which the engine is stalled:
+    # longer than any legitimate request goes without output on the hardware the engine runs on.
+    stall_window: float = 300.0
+    stall_note: str = ""   # documentation: why this window, and when output moves
     # Series a scrape must never rely on, and why (documentation; the parser ignores them).
     unreliable: dict[str, str] = field(default_factory=dict)
     # A cheap endpoint answering {"version": "..."} (never touches the engine), if any.
@@ -76,8 +108,18 @@ VLLM = EngineMetrics(
         "generation_tokens": ("vllm:generation_tokens",),
         "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
         "finished": ("vllm:request_success",),
+        "served": ("vllm:request_success",),
+        "preemptions": ("vllm:num_preemptions",),
     },
     gauges={"kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")},
+    label_filters={"served": LabelFilter("finished_reason", drop=("abort", "error"))},
+    output=("generation_tokens", "served"),
+    # Every step of a running request gives a token; only a prefill gives none until its end
+    # (the first token). A 30k-token prefill took 5 s on 2 CPU cores here; a GPU prefills 128k
+    # tokens in well under a minute. Five minutes is far beyond either.
+    stall_window=300.0,
+    stall_note=("generation_tokens_total moves at every decode step; a prefill gives its first token "
+                "when it ends. Aborted and failed requests are not output"),
     sleep_state=("vllm:engine_sleep_state", "sleep_state", "awake"),
     deferred=("vllm:num_requests_waiting_by_reason", "reason", "deferred"),
     model_label="model_name",
@@ -116,6 +158,14 @@ LLAMACPP = EngineMetrics(
     gauges={"kv_cache_usage": ("llamacpp:kv_cache_usage_ratio",)},
     process_start=(),  # llama-server exports no start time: a restart shows as counters going back
     progress=("steps", "prompt_tokens", "generation_tokens", "kv_cache_usage"),
+    output=("generation_tokens",),
+    # tokens_predicted_total moves only when a request finishes (measured): the window must
+    # hold the longest legitimate request, prompt and generation. 4,096 tokens at 5 tokens/s (a
+    # big model on a CPU) is 14 min; 30 min leaves room. n_decode_total is no output: it also
+    # steps during a prompt.
+    stall_window=1800.0,
+    stall_note=("tokens_predicted_total moves only when a request finishes, so the window holds a "
+                "whole request (prompt and generation), not one token"),
     # One llama_decode() call is one step: a 3,900-token prompt batch on a 2-core CPU took
     # 8-11 s with nothing at all moving (measured: tests/real_llamacpp). 30 s covers it with
     # margin; slower hardware or bigger -b/-ub needs a larger --grace.
@@ -151,6 +201,13 @@ SGLANG = EngineMetrics(
     model_label="model_name",
     process_start=(),  # prometheus_client multiprocess mode: no process_* series
     progress=("steps", "prompt_tokens", "generation_tokens", "finished", "kv_cache_usage"),
+    # generation_tokens_total is incremented when a request finishes (its whole output), so the
+    # window holds a whole request, as for llama.cpp. num_requests_total counts aborted requests
+    # too (sglang:num_aborted_requests_total is separate), so it is not output.
+    output=("generation_tokens",),
+    stall_window=1800.0,
+    stall_note=("generation_tokens_total moves only when a request finishes, so the window holds a "
+                "whole request; num_requests_total counts aborts too and is not output"),
     # The scheduler sets its gauges only when it logs stats: every prefill batch, every
     # decode_log_interval (40) decode steps, and every 30 s when idle. So after the last
     # request ends, running can read > 0 for up to 30 s with nothing moving.
@@ -177,9 +234,17 @@ TGI = EngineMetrics(
         "steps": ("tgi_batch_inference_count",),
         "generation_tokens": ("tgi_request_generated_tokens_sum",),
         "finished": ("tgi_request_success",),
+        "decodes": ("tgi_batch_inference_success",),
     },
+    label_filters={"decodes": LabelFilter("method", keep=("decode",))},
     process_start=(),  # the router exports no start time
     progress=("steps", "generation_tokens", "finished"),
+    # A successful decode call gives every request in the batch one token; a prefill call is
+    # no output (it is what keeps moving when decode is dead).
+    output=("decodes", "finished"),
+    stall_window=300.0,
+    stall_note=("tgi_batch_inference_success{method=\"decode\"} moves at every successful decode "
+                "call; prefill calls are not output"),
     absent_is_zero=("running", "waiting"),
     # One prefill call for a batch of long prompts moves nothing until it returns.
     min_grace=30.0,
@@ -210,7 +275,8 @@ ENGINES: tuple[EngineMetrics, ...] = (VLLM, LLAMACPP, SGLANG, TGI)
 ENGINES_BY_NAME = {engine.name: engine for engine in (*ENGINES, FASTCHAT)}
 
 # The normalized counter fields (a Reading has one attribute per name).
-COUNTER_FIELDS = ("steps", "prompt_tokens", "generation_tokens", "prefix_cache_queries", "finished")
+COUNTER_FIELDS = ("steps", "prompt_tokens", "generation_tokens", "prefix_cache_queries", "finished", "served",
+                  "decodes", "preemptions")
 GAUGE_FIELDS = ("kv_cache_usage",)
 
 

@@ -36,7 +36,7 @@ from typing import Any, Callable
 from .check import CheckResult, check
 from .observation import Observation
 from .settings import ConfigError, boolean, duration, show
-from .verdict import BUSY, DOWN, HUNG, IDLE, RESTARTED, Verdict
+from .verdict import BUSY, DOWN, HUNG, IDLE, RESTARTED, STALLED, Verdict
 
 # The defaults behind /livez, /readyz and `hangwatch check --liveness`: hung is reachable
 # in one call (needed_budget(2, 2) = 8 s; the budget leaves 1 s to spare) and the answer
@@ -114,13 +114,14 @@ class Answer:
     why: str
 
 
-def liveness(bounded: Bounded | None) -> Answer:
-    """Not alive only when the check says hung: everything else is left running."""
+def liveness(bounded: Bounded | None, stalled_is_hung: bool = False) -> Answer:
+    """Not alive only when the check says hung (or stalled, when asked): everything else is left
+    running. A stall is for people by default: a restart may not heal it."""
     if bounded is None:
         return Answer(True, "no verdict within the budget (the backend is not known to be hung)")
     verdict = bounded.verdict
-    if verdict.state == HUNG:
-        return Answer(False, f"hung: {verdict.reason}")
+    if verdict.state == HUNG or (verdict.state == STALLED and stalled_is_hung):
+        return Answer(False, f"{verdict.state}: {verdict.reason}")
     if not bounded.complete:
         return Answer(True, f"{verdict.state} (the budget ended the check before it settled): {verdict.reason}")
     return Answer(True, f"{verdict.state}: {verdict.reason}")

@@ -57,10 +57,11 @@ class Options:
     engine: str | None = None      # skip detection: vllm | llamacpp | sglang | tgi
     api_key: str | None = None     # the backend's own API key, sent as a Bearer token to it only
     probe: str = PROBE_AUTO        # auto | completion | embedding | none
+    stall_window: float | None = None  # seconds: this target's own stall window (None: the engine's)
 
     def __repr__(self) -> str:  # never print the key
         return (f"Options(engine={self.engine!r}, api_key={'set' if self.api_key else None}, "
-                f"probe={self.probe!r})")
+                f"probe={self.probe!r}, stall_window={self.stall_window!r})")
 
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

@@ -50,6 +50,9 @@ class Reading:
     generation_tokens: float | None = None
     prefix_cache_queries: float | None = None
     finished: float | None = None
+    served: float | None = None         # finished with an answer (not aborted, not failed)
+    decodes: float | None = None        # successful decode calls (TGI)
+    preemptions: float | None = None
     kv_cache_usage: float | None = None
     process_start: float | None = None
     models: tuple[str, ...] = ()
@@ -75,6 +78,14 @@ class Reading:
                 values[name] = value
         return values
 
+    def output(self) -> float | None:
+        """The sum of the engine's output fields (``EngineMetrics.output``): it moves only when a
+        token comes out or a request is answered. None: the engine (or this page) gives none."""
+        spec = ENGINES_BY_NAME.get(self.engine)
+        values = [getattr(self, name) for name in (spec.output if spec else ())]
+        present = [value for value in values if value is not None]
+        return sum(present) if present else None
+
     def as_dict(self) -> dict:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__ }
         data["models"] = list(self.models)
@@ -97,7 +108,7 @@ class _Plan:
     prefixes: tuple[str, ...]          # every wanted sample name, for str.startswith
     lines: re.Pattern                  # every line starting with one of them (after a newline)
     byte_lines: re.Pattern             # the same over the page's bytes
-    field_of: dict[str, str]          # sample name -> normalized field
+    fields_of: dict[str, tuple[str, ...]]  # sample name -> the normalized fields it feeds
     preference: dict[str, tuple[str, ...]]  # field -> sample names, most preferred first
     declared_zero: dict[str, tuple[str, ...]]  # field -> families whose bare TYPE line means 0
 
@@ -122,15 +133,18 @@ def _plan_for(engine: EngineMetrics) -> _Plan:
         preference["sleep_state"] = (engine.sleep_state[0],)
     if engine.deferred:
         preference["deferred"] = (engine.deferred[0],)
-    field_of = {sample: name for name, samples in preference.items() for sample in samples}
+    fields_of: dict[str, tuple[str, ...]] = {}
+    for name, samples in preference.items():
+        for sample in samples:
+            fields_of[sample] = fields_of.get(sample, ()) + (name,)
     declared_zero = {
         "running": engine.running,
         "waiting": engine.waiting,
         **{name: families for name, families in engine.gauges.items()},
     }
-    prefixes = tuple(field_of)
+    prefixes = tuple(fields_of)
     lines = "\n" + _trie(prefixes) + "[^\n]*"
-    return _Plan(engine, prefixes, re.compile(lines), re.compile(lines.encode("ascii")), field_of, preference,
+    return _Plan(engine, prefixes, re.compile(lines), re.compile(lines.encode("ascii")), fields_of, preference,
                  declared_zero)
 
 
@@ -242,39 +256,45 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
     plan = _PLANS[spec.name]
     if not _last_line_complete(page):
         raise UnreadablePage("page is truncated (its last line is cut off)")
-    samples: dict[str, float] = {}
+    samples: dict[tuple[str, str], float] = {}  # (field, sample name) -> sum over label sets
     seen: set[tuple[str, str]] = set()
     models: dict[str, None] = {}  # an ordered set: membership is O(1) (issue 11: 50k names took 21 s)
     asleep = False
     # Only the ~40 wanted lines are looked at in Python (``wanted_lines``).
     for line in wanted_lines(page, plan):
         name, labels, value_text = _split_sample(line)
-        field_name = plan.field_of.get(name)
-        if field_name is None:
+        fields = plan.fields_of.get(name)
+        if fields is None:
             continue  # (wanted_lines gives wanted names only)
         if (name, labels) in seen:
             raise UnreadablePage(f"duplicate series {name}{{{labels}}}")
         seen.add((name, labels))
         value = _number(value_text, name)
-        if field_name == "sleep_state":
-            _, label, awake = spec.sleep_state
-            if dict(_LABEL_PAIR.findall(labels)).get(label) == awake and value == 0:
-                asleep = True
-            continue
-        if field_name == "deferred":
-            _, label, wanted = spec.deferred
-            if dict(_LABEL_PAIR.findall(labels)).get(label) != wanted:
+        for field_name in fields:
+            if field_name == "sleep_state":
+                _, label, awake = spec.sleep_state
+                if dict(_LABEL_PAIR.findall(labels)).get(label) == awake and value == 0:
+                    asleep = True
                 continue
-        samples[name] = samples.get(name, 0.0) + value
-        if spec.model_label and labels and field_name == "running" and len(models) < MAX_MODELS:
-            model = dict(_LABEL_PAIR.findall(labels)).get(spec.model_label)
-            if model:
-                models.setdefault(model[:MAX_MODEL_NAME])
+            if field_name == "deferred":
+                _, label, wanted = spec.deferred
+                if dict(_LABEL_PAIR.findall(labels)).get(label) != wanted:
+                    continue
+            wanted_labels = spec.label_filters.get(field_name)
+            if wanted_labels is not None and not wanted_labels.admits(
+                    dict(_LABEL_PAIR.findall(labels)).get(wanted_labels.label)):
+                continue
+            key = (field_name, name)
+            samples[key] = samples.get(key, 0.0) + value
+            if spec.model_label and labels and field_name == "running" and len(models) < MAX_MODELS:
+                model = dict(_LABEL_PAIR.findall(labels)).get(spec.model_label)
+                if model:
+                    models.setdefault(model[:MAX_MODEL_NAME])
 
     def pick(field_name: str) -> float | None:
         for sample_name in plan.preference.get(field_name, ()):
-            if sample_name in samples:
-                return samples[sample_name]
+            if (field_name, sample_name) in samples:
+                return samples[(field_name, sample_name)]
         for family in plan.declared_zero.get(field_name, ()):
             if _declared(page, family):
                 return 0.0  # multiprocess start-up: declared, no sample yet
@@ -298,6 +318,9 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
         generation_tokens=pick("generation_tokens"),
         prefix_cache_queries=pick("prefix_cache_queries"),
         finished=pick("finished"),
+        served=pick("served"),
+        decodes=pick("decodes"),
+        preemptions=pick("preemptions"),
         kv_cache_usage=kv,
         process_start=pick("process_start"),
         models=tuple(models),  # at most MAX_MODELS names of at most MAX_MODEL_NAME characters

@@ -1,4 +1,4 @@
-"""From observations over time to one verdict: idle, busy, hung, restarted, blind or down.
+"""From observations over time to one verdict: idle, busy, hung, stalled, restarted, blind or down.
 
 This is the developers' truth table as a pure function; ``hangwatch check``, the webhook's
 re-check and the truth-table tests all call it, and the Prometheus rules are tested
@@ -9,6 +9,11 @@ twice in a row, or an idle engine that fails its 1-token probe twice in a row. A
 server *rejected* (4xx: no API key, a model that cannot do completions) proves nothing about
 the engine and never counts; in-flight requests that only wait on something outside the
 engine (vLLM's deferred queue: a KV transfer, a LoRA budget) are no stall either.
+
+``stalled`` is judged only when a stall window is given: requests in flight in every reading
+across that window and no output at all (``Reading.output``: no token out, no request
+answered) while something else may move — a prefill, a cache query, a KV block. Deferred
+requests count as in flight here: a transfer that never completes is a stall too.
 """
 from __future__ import annotations
 
@@ -22,10 +27,10 @@ from .engines import ENGINES_BY_NAME, GAUGE_FIELDS
 from .observation import ANSWERED, BLIND, REFUSED, TIMEOUT, UNREACHABLE, Observation
 from .reading import Reading
 
-IDLE, BUSY, HUNG, RESTARTED, DOWN = "idle", "busy", "hung", "restarted", "down"
-VERDICTS = (IDLE, BUSY, HUNG, RESTARTED, BLIND, DOWN)
+IDLE, BUSY, HUNG, STALLED, RESTARTED, DOWN = "idle", "busy", "hung", "stalled", "restarted", "down"
+VERDICTS = (IDLE, BUSY, HUNG, STALLED, RESTARTED, BLIND, DOWN)
 # Exit codes of `hangwatch check` (DESIGN.md).
-EXIT_CODES = {IDLE: 0, BUSY: 0, RESTARTED: 0, HUNG: 1, BLIND: 2, DOWN: 2}
+EXIT_CODES = {IDLE: 0, BUSY: 0, RESTARTED: 0, HUNG: 1, BLIND: 2, DOWN: 2, STALLED: 3}
 
 
 @dataclass(frozen=True)
@@ -113,8 +118,10 @@ def counters_sum(reading: Reading) -> float | None:
     return sum(counters.values()) if counters else None
 
 
-def judge(observations: Sequence[Observation], *, grace: float = 0.0) -> Verdict:
-    """The verdict the latest observation supports, given the ones before it."""
+def judge(observations: Sequence[Observation], *, grace: float = 0.0,
+          stall_window: float | None = None) -> Verdict:
+    """The verdict the latest observation supports, given the ones before it; ``stalled`` only
+    with a ``stall_window`` (seconds)."""
     if not observations:
         raise ValueError("judge() needs at least one observation")
     last = observations[-1]
@@ -129,7 +136,42 @@ def judge(observations: Sequence[Observation], *, grace: float = 0.0) -> Verdict
         return Verdict(BLIND, f"{last.error}; the server answers, but its load cannot be judged")
     if last.reading is None:  # a proxy or a FastChat front: answering is all we ask of it
         return Verdict(IDLE, last.detail or "answers /v1/models (a proxy: its backends are checked directly)")
-    return _judge_reading(observations, grace)
+    verdict = _judge_reading(observations, grace)
+    if stall_window is not None and verdict.state == BUSY:
+        return _judge_output(observations, verdict, stall_window)
+    return verdict
+
+
+def _judge_output(observations: Sequence[Observation], busy: Verdict, window: float) -> Verdict:
+    """Busy, or stalled: in flight in every reading of the last ``window`` seconds and no output.
+
+    The stall starts at the first reading of the trailing run in which requests are in flight in
+    every reading and the output (``Reading.output``) never changes from one to the next: the
+    same readings the rules' ``target:hangwatch_engine_output:flat_since`` follows. Output that
+    moved inside the readings settles busy; a run shorter than the window is busy, watching."""
+    last = observations[-1].reading
+    if last is None or last.output() is None or last.in_flight == 0:
+        return busy
+    start = len(observations) - 1
+    while start > 0:
+        before = observations[start - 1]
+        if before.status != ANSWERED or before.reading is None or before.reading.in_flight == 0:
+            break
+        if before.reading.output() != observations[start].reading.output():
+            break
+        start -= 1
+    flat_for = observations[-1].taken_at - observations[start].taken_at
+    load = f"{last.running:g} running, {last.waiting:g} waiting" + (
+        f" ({last.deferred:g} deferred)" if last.deferred else "")
+    if flat_for >= window:
+        return Verdict(STALLED, f"{load}, and no output (no token out, no request answered) for "
+                                f"{flat_for:.1f}s across {len(observations) - start} readings, at least the "
+                                f"{window:g}s stall window: requests are stuck")
+    if start > 0 and (observations[start - 1].reading is not None
+                      and observations[start - 1].reading.in_flight > 0):
+        return Verdict(BUSY, busy.reason + "; output moved", settled=busy.settled)
+    return Verdict(BUSY, f"{busy.reason}; no output for {flat_for:.1f}s of the {window:g}s stall window; watching",
+                   settled=False)
 
 
 def _judge_reading(observations: Sequence[Observation], grace: float) -> Verdict:

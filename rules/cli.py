@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hangwatch.settings import ConfigError
+from hangwatch.settings import ConfigError, duration
 
 from . import dashboard
 from .render import DEFAULT_SCRAPE, RUNBOOK_URL, Settings, format_duration, parse_interval, write
@@ -42,7 +42,19 @@ def add_rules_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --kubernetes: vLLM's own port in the pod (llm-d decode: 8200; default 8000)")
     parser.add_argument("--prometheus-namespace", default="monitoring", metavar="NAMESPACE",
                         help="with --kubernetes: the namespace Prometheus runs in (default monitoring)")
+    parser.add_argument("--stall-window", type=_stall_window, action="append", default=None,
+                        metavar="[ENGINE=]DURATION",
+                        help="the stall window of every engine (e.g. 10m), or of one (vllm=10m); repeatable "
+                             "(default: each engine's own, see docs/engines.md)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the rule files")
+
+
+def _stall_window(text: str) -> tuple[str, float]:
+    engine, _, value = text.rpartition("=")
+    try:
+        return engine or "*", duration(value, "--stall-window", low=1.0, high=7 * 86400.0)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
 
 
 def add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +66,8 @@ def add_dashboard_arguments(parser: argparse.ArgumentParser) -> None:
 def run_rules(args) -> int:
     try:
         settings = Settings(scrape_interval=args.scrape_interval, job=args.job, exporter_job=args.exporter_job,
-                            webhook_job=args.webhook_job, runbook_url=args.runbook_url)
+                            webhook_job=args.webhook_job, runbook_url=args.runbook_url,
+                            stall_windows=tuple(args.stall_window or ()))
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch: {exc}\n")
         return 64

@@ -5,6 +5,7 @@ mean instead of how long they are at 15 s:
 
 - ``${scrapes:X}``: X scrape intervals (a group's ``interval:`` and the hang alert's ``for:``
   are a fifth of a scrape); scales with the scrape interval;
+- ``${scrape_seconds:X}``: X scrape intervals as a number of seconds (for series holding seconds);
 - ``${wall:10m}``: wall-clock (weights load for minutes whatever the scrape interval);
 - ``${range}`` in a rule with ``readings: N``: a range holding the last N readings (exactly
   N on schedule, more only when a scrape came more than half an interval late; see
@@ -16,6 +17,9 @@ mean instead of how long they are at 15 s:
   ``resets_expr``);
 - ``- generate: engine_grace``: the per-engine minimum grace rule, built from
   ``hangwatch/engines.py`` (``min_grace``, wall-clock);
+- ``- generate: stall_window``: each backend's stall window in seconds: the target's own
+  (``hangwatch_stall_window_seconds``, from the exporter config), else its engine's
+  (``stall_window`` in ``hangwatch/engines.py``, or ``--stall-window``; wall-clock);
 - ``${job}``, ``${own_jobs}`` (the exporter's and the webhook's own jobs), ``${job_name}``: the Prometheus jobs (user settings);
   ``${runbook:anchor}``: a link into the runbook (a user setting, absolute by default).
 
@@ -63,6 +67,16 @@ class Settings:
     # Tests and demos only: shrink wall-clock durations (minutes, engine grace) too.
     wall_clock_scale: float = 1.0
     engines: tuple[EngineMetrics, ...] = ENGINES
+    # --stall-window: (engine name or "*" for every engine, seconds), later entries winning.
+    stall_windows: tuple[tuple[str, float], ...] = ()
+
+    def stall_window(self, engine: EngineMetrics) -> float:
+        """The engine's stall window for these rules, in seconds (before ``wall_clock_scale``)."""
+        window = engine.stall_window
+        for name, seconds in self.stall_windows:
+            if name in ("*", engine.name):
+                window = seconds
+        return window
 
     def __post_init__(self):
         if not self.scrape_interval >= 0.1:
@@ -73,6 +87,12 @@ class Settings:
                             ("--webhook-job", self.webhook_job)):
             if not value or '"' in value or "\\" in value or "\n" in value:
                 raise ConfigError(f"{flag}: {value!r} is not a job name")
+        known = {engine.name for engine in self.engines}
+        for name, seconds in self.stall_windows:
+            if name != "*" and name not in known:
+                raise ConfigError(f"--stall-window: unknown engine {name!r} (one of {', '.join(sorted(known))})")
+            if not seconds >= self.scrape_interval * 2:
+                raise ConfigError(f"--stall-window: {seconds:g}s is shorter than two scrape intervals")
 
 
 def parse_interval(text: str, flag: str = "--scrape-interval") -> float:
@@ -226,6 +246,34 @@ def grace_rule(settings: Settings) -> dict:
     }
 
 
+def stall_window_rule(settings: Settings) -> dict:
+    """Each backend's stall window in seconds: its own (``hangwatch_stall_window_seconds``, set
+    by the exporter config's ``stall_window``), else its engine's. One branch per distinct
+    window, not per engine. Values, not ranges: the stall rules compare a duration held in a
+    series (``target:hangwatch_engine_output:flat_seconds``) with it, so a window per target
+    costs nothing more than one per engine."""
+    by_window: dict[float, list[str]] = {}
+    for engine in settings.engines:
+        if engine.output:
+            seconds = round(settings.stall_window(engine) * settings.wall_clock_scale, 3)
+            by_window.setdefault(seconds, []).append(engine.name)
+    branches = ["hangwatch_stall_window_seconds"]
+    for seconds, names in sorted(by_window.items()):
+        matcher = f'engine="{names[0]}"' if len(names) == 1 else f'engine=~"{"|".join(names)}"'
+        branches.append(f"group without (engine, module, models, version) (hangwatch_backend_info{{{matcher}}})"
+                        f" * {seconds:g}")
+    windows = ", ".join(f"{'/'.join(names)} {format_duration(seconds)}" for seconds, names in sorted(by_window.items()))
+    return {
+        "comment": (f"Generated from hangwatch/engines.py (stall_window: {windows}; `hangwatch rules --stall-window` "
+                    "sets them). The window is longer than any legitimate request goes without output on "
+                    "the engine's hardware (a long prefill; for engines counting output only when a request "
+                    "finishes, a whole request). A target's own stall_window (exporter config) wins. "
+                    "Wall-clock: it does not scale with the scrape interval."),
+        "record": "target:hangwatch_stall_window:seconds",
+        "expr": "\nor\n".join(branches) + "\n",
+    }
+
+
 # --- placeholders ---------------------------------------------------------------------------
 
 def job_matcher(settings: Settings) -> str:
@@ -237,6 +285,8 @@ def _fill(text: str, settings: Settings, where: str) -> str:
         name, arg = match.group(1), match.group(2)
         if name == "scrapes":
             return format_duration(float(arg) * settings.scrape_interval)
+        if name == "scrape_seconds":  # a number, for arithmetic on durations held in series
+            return f"{float(arg) * settings.scrape_interval:g}"
         if name == "wall":
             return format_duration(duration(arg, where) * settings.wall_clock_scale)
         if name == "streak":
@@ -303,6 +353,8 @@ def rule_groups(name: str, settings: Settings) -> list[dict]:
             where = f"{name}: {group['name']}.rules[{i}]"
             if rule.get("generate") == "engine_grace":
                 rule = grace_rule(settings)
+            elif rule.get("generate") == "stall_window":
+                rule = stall_window_rule(settings)
             rules.append(_render_rule(rule, settings, where))
         groups.append({**_resolve({k: v for k, v in group.items() if k != "rules"}, settings, name),
                        "rules": rules})

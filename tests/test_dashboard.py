@@ -222,7 +222,7 @@ def test_the_state_panel_reads_the_recording_rule_the_alerts_read():
             expr = panel["targets"][0]["expr"]
             assert "target:hangwatch_backend_state:current" in expr
             states = set(re.findall(r'state="(\w+)"', expr))
-            assert states == {"idle", "busy", "hung", "restarted", "blind", "down"}, states
+            assert states == {"idle", "busy", "hung", "stalled", "restarted", "blind", "down"}, states
             mapped = {v["text"] for m in panel["fieldConfig"]["defaults"]["mappings"] for v in m["options"].values()}
             assert mapped == states
 

@@ -270,6 +270,20 @@ def _series(names: tuple[str, ...], counter: bool = False) -> str:
     return " or ".join(f"`{n}`" for n in shown)
 
 
+def _output_series(e, field: str) -> str:
+    shown = _series(e.counters[field], counter=True)
+    wanted = e.label_filters.get(field)
+    if wanted is None:
+        return shown
+    if wanted.keep:
+        return shown + f" with `{wanted.label}` " + " or ".join(f'"{v}"' for v in wanted.keep)
+    return shown + f" except `{wanted.label}` " + " or ".join(f'"{v}"' for v in wanted.drop)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
 def render_engine_table() -> str:
     rows = [
         ("detected by", lambda e: f"`{e.marker}` on the page"),
@@ -279,6 +293,9 @@ def render_engine_table() -> str:
         ("other progress", lambda e: ", ".join(
             _series(e.counters.get(f, ()), counter=True) if f in e.counters else _series(e.gauges.get(f, ()))
             for f in e.progress if f != "steps") or "—"),
+        ("output (a stall is none of these for the stall window)", lambda e: ", ".join(
+            _output_series(e, f) for f in e.output) or "—"),
+        ("stall window (default)", lambda e: f"{_minutes(e.stall_window)}: {e.stall_note}"),
         ("during one long prompt", lambda e: e.prefill),
         ("process start", lambda e: _series(e.process_start) if e.process_start else
          "none: a restart shows as counters going backwards"),
@@ -312,6 +329,10 @@ def render_verdict_table() -> str:
                               else " (and `--grace`, if given)")
                            + "; or the connection is accepted and nothing answers twice in a row; "
                              "or the idle probe fails twice"),
+        ("stalled (rules; `check --stall-window`)", lambda e: "in flight > 0 in every reading for the stall window "
+                              f"({_minutes(e.stall_window)}, or the target's `stall_window`) and none of "
+                              + ", ".join(_output_series(e, f) for f in e.output)
+                              + " moved; deferred requests count as in flight"),
         ("restarted", lambda e: (f"{_series(e.process_start)} changed" if e.process_start else
                                  "a counter went backwards") + "; counters of two processes are never compared"),
         ("blind", lambda e: "/metrics answers but is unusable: not a known engine page, truncated, NaN, "

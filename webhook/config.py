@@ -44,6 +44,11 @@ class Budget:
     window: float = 3600.0
 
 
+# The verdicts a target may be restarted for (restart_on); stalled only where a target opts in.
+RESTART_VERDICTS = ("hung", "stalled")
+STALL_ALERT = "HangwatchBackendStalled"
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -56,6 +61,7 @@ class Target:
     docker_host: DockerHost = DEFAULT_HOST
     group: str | None = None  # the targets that serve one model (group_limit); from the config only
     forensics_url: str | None = None  # the exporter asked for the stacks before a restart (GET /forensics)
+    restart_on: tuple[str, ...] = ("hung",)  # verdicts that may restart it: hung, and stalled if opted in
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,7 @@ def _target(raw, path: str, hosts: dict[str, DockerHost], env) -> Target:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping, got {show(raw)}")
     data = mapping(raw, path, {"name", "container", "url", "module", "stop_timeout", "api_key_file", "probe",
-                               "docker_host", "group", "insecure_tcp", "forensics_url"},
+                               "docker_host", "group", "insecure_tcp", "forensics_url", "restart_on"},
                    required={"name", "container", "url"})
     name = string(data["name"], f"{path}.name")
     if not _NAME.match(name):
@@ -246,5 +252,10 @@ def _target(raw, path: str, hosts: dict[str, DockerHost], env) -> Target:
         if not _NAME.match(group):
             raise ConfigError(f"{path}.group: {group!r} must be letters, digits, '_', '.', '-' (at most 63)")
     forensics_url = http_url(data["forensics_url"], f"{path}.forensics_url") if "forensics_url" in data else None
+    restart_on = tuple(string_list(data.get("restart_on", ["hung"]), f"{path}.restart_on", non_empty=True))
+    for verdict in restart_on:
+        if verdict not in RESTART_VERDICTS:
+            raise ConfigError(f"{path}.restart_on: {show(verdict)} is not one of {', '.join(RESTART_VERDICTS)}")
     return Target(name=name, container=container, url=url, module=module, stop_timeout=stop_timeout,
-                  api_key=api_key, probe=probe, docker_host=docker_host, group=group, forensics_url=forensics_url)
+                  api_key=api_key, probe=probe, docker_host=docker_host, group=group, forensics_url=forensics_url,
+                  restart_on=restart_on)

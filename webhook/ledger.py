@@ -116,6 +116,9 @@ class TargetHistory:
     reset_line: bytes = b""
     recovered_at: float = 0.0                                    # last time seen healthy after a restart
     recovered_line: bytes = b""
+    last_stall_restart: float | None = None                      # the last restart made for a stall
+    opened_at: float = 0.0                                       # last circuit opened by the policy itself
+    opened_line: bytes = b""
 
 
 class Ledger:
@@ -264,10 +267,15 @@ class Ledger:
             history.restarts = [(t, line) for t, line in history.restarts if t > horizon]
             if at > horizon:
                 history.restarts.append((at, raw))
+            if record.get("verdict") == "stalled" and (history.last_stall_restart is None
+                                                       or at >= history.last_stall_restart):
+                history.last_stall_restart = at
         elif event == "circuit_reset" and at >= history.reset_at:
             history.reset_at, history.reset_line = at, raw
         elif event == "recovered" and at >= history.recovered_at:
             history.recovered_at, history.recovered_line = at, raw
+        elif event == "circuit_open" and at >= history.opened_at:
+            history.opened_at, history.opened_line = at, raw
 
     def last_restart(self, target: str) -> float | None:
         with self._mutex:
@@ -278,6 +286,19 @@ class Ledger:
         with self._mutex:
             history = self._history.get(target)
             return history.reset_at if history else 0.0
+
+    def last_stall_restart(self, target: str) -> float | None:
+        """When the target was last restarted for a stall (a restart record with verdict stalled)."""
+        with self._mutex:
+            history = self._history.get(target)
+            return history.last_stall_restart if history else None
+
+    def opened(self, target: str, now: float, window: float) -> bool:
+        """Did the policy open the target's circuit itself (a restart that did not heal a stall)
+        within ``window``, and no operator reset it since?"""
+        with self._mutex:
+            history = self._history.get(target)
+            return bool(history) and history.opened_at > max(now - window, history.reset_at)
 
     def restarts_counted(self, target: str, now: float, window: float) -> list[float]:
         """Restart attempts that count against the budget: in the window, after any reset."""
@@ -318,6 +339,8 @@ def _needed(history: TargetHistory):
         yield history.reset_at, history.reset_line
     if history.recovered_line:
         yield history.recovered_at, history.recovered_line
+    if history.opened_line:
+        yield history.opened_at, history.opened_line
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -42,7 +42,7 @@ from typing import Callable, Mapping
 from hangwatch.forensics.capture import scrub
 
 from . import limits
-from .config import Config, Target
+from .config import STALL_ALERT, Config, Target
 from .forensics import ask as ask_forensics
 from .ledger import Ledger, LedgerError, fleet_lock, target_lock, write_incident
 from .metrics import WebhookMetrics
@@ -77,7 +77,11 @@ REASONS = (
     "circuit_open",             # the restart budget is spent
     "group_limit",              # hung, but group_limit targets of its group are restarting (limits.py)
     "fleet_limit",              # hung, but fleet_budget restarts across the fleet are spent (limits.py)
-    "recheck_idle", "recheck_busy", "recheck_restarted", "recheck_blind", "recheck_down",
+    "stalled",                  # restart: the re-check proved a stall, and the target opts in (restart_on)
+    "not_opted_in",             # a stall alert for a target whose restart_on has no stalled
+    "stall_not_healed",         # restarted for a stall, stalled or hung again within the cooldown: circuit opened
+    "recheck_idle", "recheck_busy", "recheck_restarted", "recheck_blind", "recheck_down", "recheck_stalled",
+    "recheck_hung",
     "recheck_error",            # the re-check itself failed
     "lock_timeout",             # another replica held the target's lock too long
     "ledger_error",             # the ledger or incident record could not be read or written: no restart
@@ -132,11 +136,14 @@ class Policy:
         name = alert.label("alertname")
         if not alert.firing:
             return self.record(alert, None, SKIP, "resolved")
-        if name not in self.config.alertnames:
+        if name not in self.config.alertnames and name != STALL_ALERT:
             return self.record(alert, None, SKIP, "alertname_ignored")
         target = self.config.target(alert.label("target") or "")
         if target is None:
             return self.record(alert, None, SKIP, "unknown_target")
+        if name == STALL_ALERT and "stalled" not in target.restart_on:
+            return self.record(alert, target, SKIP, "not_opted_in",
+                               "a stall is restarted only where restart_on has stalled")
         label = alert.label("container")
         if label is None:
             return self.record(alert, target, SKIP, "container_label_missing")
@@ -166,22 +173,64 @@ class Policy:
             log.exception("unexpected error deciding for target %s", job.target.name)
             self.record(job.alert, job.target, SKIP, "internal_error", type(exc).__name__)
 
+    def _recheck(self, alert: Alert, target: Target):
+        """The webhook's own readings. For a stall alert (or a target that may be restarted for a
+        stall) they also judge output: no token and no request answered across its own readings,
+        ``recheck.interval`` apart, from one process that was running when the alert began."""
+        kwargs = dict(module=target.module, interval=self.config.recheck.interval,
+                      timeout=self.config.recheck.timeout, api_key=target.api_key, probe=target.probe)
+        if alert.label("alertname") == STALL_ALERT or "stalled" in target.restart_on:
+            kwargs["stall_window"] = 2 * self.config.recheck.interval
+        return self.rechecker(target.url, **kwargs)
+
+    def _unhealed_stall(self, alert: Alert, target: Target) -> bool:
+        """Restarted for a stall within the cooldown, and stalled or hung again (its own re-check
+        says so, about an alert that began after that restart): a restart does not heal it, so
+        the circuit opens and people are told (HangwatchWebhookCircuitOpen). True when it did."""
+        last = self.ledger.last_stall_restart(target.name)
+        now = self.clock()
+        if last is None or now - last >= self.config.cooldown:
+            return False
+        if alert.starts_at is None or alert.starts_at.timestamp() <= last:
+            return False  # about the process before the restart: the cooldown skips it
+        try:
+            result = self._recheck(alert, target)
+        except Exception:
+            return False
+        state = result.verdict.state
+        if state not in ("hung", "stalled"):
+            return False
+        try:
+            self.ledger.append({"event": "circuit_open", "at": now, "target": target.name, "replica": self.replica,
+                                "verdict": state})
+        except LedgerError as exc:
+            self.record(alert, target, SKIP, "ledger_error", str(exc))
+            return True
+        self.record(alert, target, SKIP, "stall_not_healed",
+                    f"restarted for a stall {now - last:.0f}s ago and {state} again: a restart does not heal it; "
+                    f"circuit open ({result.verdict.reason})")
+        log.error("CIRCUIT OPEN target=%s container=%s a restart for a stall did not heal it (%s again)",
+                  target.name, target.container, state)
+        return True
+
     def _run(self, job: Job) -> None:
         alert, target = job.alert, job.target
+        if self._unhealed_stall(alert, target):
+            return
         if self._vetoed(alert, target, since=None, refresh=True) is None:
             return
         recheck_started = self.clock()
         try:
-            result = self.rechecker(target.url, module=target.module, interval=self.config.recheck.interval,
-                                    timeout=self.config.recheck.timeout, api_key=target.api_key,
-                                    probe=target.probe)
+            result = self._recheck(alert, target)
             state, why = result.verdict.state, result.verdict.reason
         except Exception as exc:
             self.record(alert, target, SKIP, "recheck_error", f"{type(exc).__name__}: {exc}")
             return
-        if state != "hung":
+        if state not in target.restart_on:
             reason = f"recheck_{state}" if f"recheck_{state}" in REASONS else "recheck_error"
             self.record(alert, target, SKIP, reason, why)
+            return
+        if not self._same_process(alert, target, result):
             return
         if self.stopping:
             self.record(alert, target, SKIP, "shutting_down", STOPPING)
@@ -205,6 +254,20 @@ class Policy:
             self.record(alert, target, SKIP, reason, str(exc))
         except LedgerError as exc:  # a lock file that cannot be opened (e.g. a planted link): no restart
             self.record(alert, target, SKIP, "ledger_error", str(exc))
+
+    def _same_process(self, alert: Alert, target: Target, result) -> bool:
+        """Every reading of the re-check from a process started before the alert began (the one
+        the alert saw); else skipped as already restarted."""
+        if alert.starts_at is None:
+            return True
+        began = alert.starts_at.timestamp()
+        for observation in result.observations:
+            start = observation.reading.process_start if observation.reading is not None else None
+            if start is not None and start > began:
+                self.record(alert, target, SKIP, "already_restarted",
+                            f"the re-check read a process started {_iso_ts(start)}, after the alert began")
+                return False
+        return True
 
     def _vetoed(self, alert: Alert, target: Target, since: float | None, refresh: bool = False) -> Container | None:
         """The container if nothing forbids a restart; else None, with the skip recorded."""
@@ -237,6 +300,9 @@ class Policy:
         counted = self.ledger.restarts_counted(target.name, now, self.config.budget.window)
         if len(counted) >= self.config.budget.restarts:
             return self.record(alert, target, SKIP, "circuit_open", self._circuit_detail(counted))
+        if self.ledger.opened(target.name, now, self.config.budget.window):
+            return self.record(alert, target, SKIP, "circuit_open",
+                               "a restart for a stall did not heal it; POST /circuit/<target>/reset to close")
         return container
 
     def _restart(self, alert: Alert, target: Target, container: Container, result) -> None:
@@ -244,7 +310,7 @@ class Policy:
             # Counted per target like a restart, so the dashboard's restart annotation marks
             # what a dry run would have done ("restart of vllm-a: dry_run").
             self.metrics.restarts.labels(target.name, "dry_run").inc()
-            self.record(alert, target, RESTART, "hung", result.verdict.reason, dry_run=True)
+            self.record(alert, target, RESTART, result.verdict.state, result.verdict.reason, dry_run=True)
             return
         stacks = self._capture(target)  # once per restart: the vetoes above hold under the target's lock
         incident = {
@@ -263,7 +329,7 @@ class Policy:
             incident |= {"forensics": stacks, "signature": stacks.get("signature")}
             signed = {"signature": stacks.get("signature") or "none"}
         try:
-            recorded = self._record_restart(alert, target, incident)
+            recorded = self._record_restart(alert, target, incident, result.verdict.state)
         except TimeoutError as exc:
             self.record(alert, target, SKIP, "shutting_down" if self.stopping else "lock_timeout", str(exc))
             return
@@ -276,7 +342,7 @@ class Policy:
         except Exception as exc:
             outcome, detail = "failed", f"restart failed: {type(exc).__name__}: {str(exc)[:200]}"
         self.metrics.restarts.labels(target.name, outcome).inc()
-        self.record(alert, target, RESTART, "hung", detail, result=outcome, incident=path, **signed)
+        self.record(alert, target, RESTART, result.verdict.state, detail, result=outcome, incident=path, **signed)
         if outcome == "ok" and target.group is not None:
             self._watch_recovery(target, now)
         counted = self.ledger.restarts_counted(target.name, self.clock(), self.config.budget.window)
@@ -294,7 +360,8 @@ class Policy:
             answer = {"signature": None, "processes": [], "errors": [f"capture failed: {type(exc).__name__}: {exc}"]}
         return scrub(answer, [target.api_key] if target.api_key else [])  # the exporter scrubbed too; keys never land here
 
-    def _record_restart(self, alert: Alert, target: Target, incident: dict) -> tuple[float, str] | None:
+    def _record_restart(self, alert: Alert, target: Target, incident: dict,
+                        verdict: str = "hung") -> tuple[float, str] | None:
         """Under the fleet lock: the fleet-wide limits, then both records (before the Docker call: a
         crash mid-restart still spends budget, starts cooldown and holds the group's slot). Returns
         (when, incident path), or None with the skip recorded. If a record cannot be written there
@@ -313,7 +380,8 @@ class Policy:
                     path = write_incident(self.config.state_dir, f"{stamp}-{target.name}-{os.getpid()}", incident)
                     self.ledger.append({"event": "restart", "at": now, "target": target.name,
                                         "container": target.container, "docker_host": target.docker_host.name,
-                                        "group": target.group, "replica": self.replica, "incident": path})
+                                        "group": target.group, "replica": self.replica, "incident": path,
+                                        "verdict": verdict})
                 except LedgerError as exc:
                     return self.record(alert, target, SKIP, "ledger_error", f"no restart without its record: {exc}")
                 return now, path
@@ -481,7 +549,7 @@ class Policy:
         now = self.clock()
         budget = self.config.budget
         return {t.name: len(self.ledger.restarts_counted(t.name, now, budget.window)) >= budget.restarts
-                for t in self.config.targets}
+                or self.ledger.opened(t.name, now, budget.window) for t in self.config.targets}
 
     def reset_circuit(self, target: Target) -> None:
         """Close the target's circuit; LedgerError if the reset could not be recorded (then it did not happen)."""

@@ -46,6 +46,14 @@ LONG_PROMPT_TOKENS = 32000
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 MAX_MODEL_LEN = 65536
 WORKER_TITLE = "VLLM::Worker"
+# The fault plugin (tests/vllm_faults): on the server processes' PYTHONPATH, vLLM loads its
+# ``vllm.general_plugins`` entry point in every process; inert unless HANGWATCH_VLLM_FAULT names a fault.
+FAULTS_DIR = os.path.join(os.path.dirname(HERE), "vllm_faults")
+
+
+def fault_env(fault: str) -> dict[str, str]:
+    """The environment that makes a server load the fault plugin with ``fault`` switched on."""
+    return {"PYTHONPATH": FAULTS_DIR, "HANGWATCH_VLLM_FAULT": fault}
 # vLLM's -O level for the test servers: 0, no torch.compile. What hangwatch reads (the
 # scheduler's gauges and counters, a chunked prefill's signature, a frozen EngineCore) is the
 # same with and without compilation; compiling is start-up time only. Measured on 2 CPU cores
@@ -357,7 +365,7 @@ class VLLMServer:
                  kv_cache_gib: int = 1, extra_args: list[str] | None = None,
                  extra_env: dict[str, str] | None = None, workdir: str | None = None,
                  module: str = "vllm.entrypoints.openai.api_server",
-                 command: list[str] | None = None):
+                 command: list[str] | None = None, fault: str | None = None):
         self.venv = venv or venv_path()
         self.python = os.path.join(self.venv, "bin", "python")
         self._own_port = port is None  # ours to change when someone took it before vLLM bound it
@@ -367,6 +375,8 @@ class VLLMServer:
         self.kv_cache_gib = kv_cache_gib
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(extra_env or {})
+        if fault:  # tests/vllm_faults: vLLM's own metrics under an injected fault
+            self.extra_env.update(fault_env(fault))
         self.module = module
         self.command = command
         self._own_workdir = workdir is None

@@ -7,7 +7,8 @@ watchdog, then with the whole hangwatch chain watching too (exporter through a r
 proxy → Prometheus with the shipped rules retimed to a 3 s scrape → Alertmanager → the
 webhook in dry run against the real Docker engine), then EngineCore is stopped.
 
-Asserted (the claims): no restart decision by hangwatch while the server was healthy; no
+Asserted (the claims): no restart decision by hangwatch while the server was healthy, and
+the rules never said stalled (a 12 s stall window for this target, the fault tests' own); no
 request from hangwatch while anything was in flight (the proxy's witnesses, not hangwatch's
 word); the freeze leads to a restart decision within a generous bound. Asserted so the
 claims cannot hold vacuously: the server was saturated (requests waiting), hangwatch was
@@ -57,5 +58,6 @@ def test_short_soak_hangwatch_never_hurts_a_saturated_vllm_and_catches_its_freez
     # The claims.
     assert hangwatch["false restarts"] == 0, f"hangwatch decided to restart a healthy server\n{evidence}"
     assert hangwatch["requests while in flight"] == 0, f"hangwatch sent a request while busy\n{evidence}"
+    assert hangwatch["stalled before the freeze"] is False, f"a saturated server read stalled\n{evidence}"
     decided = hangwatch["seconds to decision after freeze"]
     assert decided is not None and decided <= DECISION_BOUND_S, f"the freeze was not caught in time\n{evidence}"

@@ -159,10 +159,13 @@ def _values(points: dict[int, str], last: int) -> str:
 
 def input_series(scenario: Scenario, timing: Timing) -> list[dict]:
     jitters = timing.jitters(f"{scenario.name} {timing.variant.name}", len(scenario.steps))
+    factor = timing.scrape / (scenario.scrape_interval * 1000)  # shrunk rules: the target's window shrinks too
+    own_window = None if scenario.target_stall_window is None else scenario.target_stall_window * factor
     per_step = []
     for step, jitter in zip(scenario.steps, jitters):
         observation = observation_for(step, scenario.module, scenario.engine)
-        samples = exported_samples(observation, scenario.module, TARGET_LABELS, scraped=step.status != "absent")
+        samples = exported_samples(observation, scenario.module, TARGET_LABELS, scraped=step.status != "absent",
+                                   stall_window=own_window)
         per_step.append((timing.reading_at(step.index, jitter) // timing.step, samples))
     names = sorted({name for _, samples in per_step for name in samples})
     last = max(index for index, _ in per_step)
@@ -260,6 +263,11 @@ def rule_files(out: Path, settings: Settings, semantics: str = "closed") -> list
     return paths
 
 
+def stall_windows(scenario: Scenario) -> tuple[tuple[str, float], ...]:
+    """The scenario's ``stall_window`` as ``hangwatch rules --stall-window`` would set it (for every engine)."""
+    return () if scenario.stall_window is None else (("*", scenario.stall_window),)
+
+
 def write_all(out: Path, scale: float = 1.0, variants=VARIANTS, names=None) -> list[Path]:
     """One test file per scenario (those ``names``, or all) and range semantics, against the
     rules for its scrape interval."""
@@ -269,8 +277,10 @@ def write_all(out: Path, scale: float = 1.0, variants=VARIANTS, names=None) -> l
             continue
         interval = scenario.scrape_interval * scale
         for semantics in SEMANTICS:
-            rules = rule_files(out / f"rules-{format_duration(interval)}-{semantics}",
-                               Settings(scrape_interval=interval, wall_clock_scale=scale), semantics)
+            windows = stall_windows(scenario)
+            rules = rule_files(out / f"rules-{format_duration(interval)}-{semantics}-{len(windows) and windows[0][1]:g}",
+                               Settings(scrape_interval=interval, wall_clock_scale=scale, stall_windows=windows),
+                               semantics)
             path = out / f"{scenario.name}.{semantics}.test.yml"
             chosen = [v for v in variants if v in PER_SEMANTICS[semantics]]
             if not chosen:

@@ -14,7 +14,7 @@ from hangwatch.reading import Reading
 
 _READING = {"steps": "steps", "prompt": "prompt_tokens", "gen": "generation_tokens",
             "prefix": "prefix_cache_queries", "finished": "finished", "kv": "kv_cache_usage",
-            "start": "process_start"}
+            "start": "process_start", "served": "served", "preempted": "preemptions", "decodes": "decodes"}
 _PROBE_DETAIL = {"answered": "1-token completion answered", "failed": "timed out",
                  "rejected": "rejected with HTTP 401"}
 
@@ -48,7 +48,7 @@ def series_name(name: str, labels: dict) -> str:
 
 
 def exported_samples(observation: Observation | None, module: str, target_labels: dict,
-                     scraped: bool = True) -> dict[str, float]:
+                     scraped: bool = True, stall_window: float | None = None) -> dict[str, float]:
     """The samples Prometheus stores for one scrape of the exporter: its families plus ``up``.
 
     ``observation`` None with ``scraped``: the scrape of the exporter failed (``up`` 0, nothing
@@ -59,7 +59,7 @@ def exported_samples(observation: Observation | None, module: str, target_labels
     out = {series_name("up", target_labels): 0.0 if observation is None else 1.0}
     if observation is None:
         return out
-    for family in families_for(observation, module, 0.01):
+    for family in families_for(observation, module, 0.01, stall_window):
         for sample in family.samples:
             out[series_name(sample.name, {**target_labels, **sample.labels})] = float(sample.value)
     return out

@@ -13,7 +13,11 @@ Step fields (see tests/scenarios/README.md for the full format):
 - reading fields, carried over from the previous step unless given (``null`` = the engine
   does not provide it): ``running``, ``waiting``, ``steps``, ``prompt``, ``gen``,
   ``prefix``, ``finished``, ``kv``, ``start``, ``asleep``, ``deferred`` (the waiting
-  requests the engine defers; ``null``, the default, = the engine does not say).
+  requests the engine defers; ``null``, the default, = the engine does not say), ``served``
+  (requests answered, not aborted), ``preempted`` (preemptions), ``decodes`` (TGI's decode
+  calls); those three ``null`` by default.
+- ``stall_window`` (scenario): the rules' window for every engine, as ``hangwatch rules
+  --stall-window``; ``target_stall_window``: the target's own, as the exporter config's.
 - ``probe``: ``ok`` / ``fail`` / ``rejected`` (a 4xx); by default a probe is sent and
   answers exactly when the exporter would send one (status ok, nothing in flight, not asleep).
 - ``expect``: the verdict of both engines after this step (``none`` for gap/absent steps).
@@ -43,16 +47,18 @@ SCRAPE_INTERVAL = 15.0   # seconds between steps unless a scenario sets scrape_i
 # (tests/rules/test_configs.py checks the rendered groups against it).
 EVAL_SHARE = 0.2
 
-STATES = ("idle", "busy", "hung", "restarted", "blind", "down")
+STATES = ("idle", "busy", "hung", "stalled", "restarted", "blind", "down")
 STATUSES = ("ok", "blind", "refused", "timeout", "gap", "absent")
 READING_FIELDS = ("running", "waiting", "steps", "prompt", "gen", "prefix", "finished", "kv", "start", "asleep",
-                  "deferred")
+                  "deferred", "served", "preempted", "decodes")
 ALERTS = ("HangwatchBackendHung", "HangwatchBackendDown", "HangwatchBackendBlind",
           "HangwatchBackendRestarted", "HangwatchExporterDown", "HangwatchExporterAbsent",
-          "HangwatchProbeRejected", "HangwatchRequestsDeferred")
+          "HangwatchProbeRejected", "HangwatchRequestsDeferred", "HangwatchBackendStalled",
+          "HangwatchBackendThrashing")
 PROBE_ENDINGS = {"ok": "answered", "fail": "failed", "rejected": "rejected"}
 STEP_KEYS = set(READING_FIELDS) | {"status", "probe", "expect", "expect_promql", "why", "alerts", "repeat", "note"}
-SCENARIO_KEYS = {"name", "description", "module", "engine", "grace", "steps", "alert_checks", "scrape_interval"}
+SCENARIO_KEYS = {"name", "description", "module", "engine", "grace", "steps", "alert_checks", "scrape_interval",
+                 "stall_window", "target_stall_window"}
 TARGET_LABELS = {"job": "hangwatch", "instance": "http://127.0.0.1:8000", "target": "vllm-a", "container": "vllm-a"}
 
 
@@ -100,6 +106,15 @@ class Scenario:
     alert_checks: tuple[tuple[float, tuple[str, ...]], ...] = field(default=())
     path: Path | None = None
     scrape_interval: float = SCRAPE_INTERVAL
+    stall_window: float | None = None         # the rules' window for every engine (None: each engine's own)
+    target_stall_window: float | None = None  # the target's own (exporter config): hangwatch_stall_window_seconds
+
+    def window(self) -> float:
+        """The stall window both engines judge this scenario's backend by."""
+        from hangwatch.engines import ENGINES_BY_NAME
+        if self.target_stall_window is not None:
+            return self.target_stall_window
+        return self.stall_window if self.stall_window is not None else ENGINES_BY_NAME[self.engine].stall_window
 
 
 class ScenarioError(ValueError):
@@ -110,6 +125,8 @@ def _seconds(value) -> float:
     text = str(value)
     if text.endswith("ms"):
         return float(text[:-2]) / 1000
+    if text.endswith("m"):
+        return float(text[:-1]) * 60
     if text.endswith("s"):
         text = text[:-1]
     return float(text)
@@ -123,7 +140,8 @@ def load(path: Path) -> Scenario:
         raise ScenarioError(f"{where}: unknown key {sorted(unknown)[0]!r}")
     module = data.get("module", "backend")
     scrape = _seconds(data.get("scrape_interval", SCRAPE_INTERVAL))
-    values: dict = {"running": 0, "waiting": 0, "asleep": 0, "deferred": None}
+    values: dict = {"running": 0, "waiting": 0, "asleep": 0, "deferred": None, "served": None, "preempted": None,
+                    "decodes": None}
     steps: list[Step] = []
     for n, raw in enumerate(data["steps"]):
         at = f"{where}: steps[{n}]"
@@ -164,8 +182,9 @@ def load(path: Path) -> Scenario:
             steps.append(Step(len(steps), status, dict(values), probe, expect, expect_promql,
                               raw.get("why", ""), alerts, scrape))
     checks = tuple((_seconds(c["at"]), tuple(c.get("alerts", ()))) for c in data.get("alert_checks", ()))
+    windows = {key: _seconds(data[key]) if key in data else None for key in ("stall_window", "target_stall_window")}
     return Scenario(data["name"], data.get("description", ""), module, float(data.get("grace", 0)),
-                    data.get("engine", "vllm"), tuple(steps), checks, path, scrape)
+                    data.get("engine", "vllm"), tuple(steps), checks, path, scrape, **windows)
 
 
 def load_all() -> list[Scenario]:

@@ -56,6 +56,10 @@ def test_example_alertmanager_config_passes_amtool_check_config():
     (["alertname=HangwatchBackendHung", "action=restart", "severity=critical", "target=vllm-a",
       "container=vllm-a"], "hangwatch-webhook,people"),
     (["alertname=HangwatchWebhookCircuitOpen", "severity=critical", "target=vllm-a"], "people"),
+    # A stall reaches the webhook (which restarts only targets that opt in) and always people.
+    (["alertname=HangwatchBackendStalled", "severity=warning", "target=vllm-a", "container=vllm-a"],
+     "hangwatch-webhook,people"),
+    (["alertname=HangwatchBackendThrashing", "severity=warning", "target=vllm-a"], "people"),
     (["alertname=HangwatchRestartWithheld", "severity=critical", "target=vllm-a", "group=g", "limit=group"],
      "people"),
     (["alertname=HangwatchExporterDown", "severity=warning", "job=hangwatch_webhook"], "people"),

@@ -20,7 +20,8 @@ import yaml
 from hangwatch.rules.render import Settings
 from tests.support.require import require_binary
 
-from .gen_promtool import BASELINE, PER_SEMANTICS, VARIANTS, Timing, promtool_test, rule_files, write_all
+from .gen_promtool import (BASELINE, PER_SEMANTICS, VARIANTS, Timing, promtool_test, rule_files, stall_windows,
+                           write_all)
 from .scenarios import load_all
 
 SCENARIOS = load_all()
@@ -35,11 +36,11 @@ def rules(tmp_path_factory):
     """The rule files per (scrape interval, range semantics), rendered once."""
     cache = {}
 
-    def get(scrape: float, semantics: str):
-        key = (scrape, semantics)
+    def get(scrape: float, semantics: str, windows=()):
+        key = (scrape, semantics, windows)
         if key not in cache:
             out = tmp_path_factory.mktemp(f"rules-{scrape:g}-{semantics}")
-            cache[key] = rule_files(out, Settings(scrape_interval=scrape), semantics)
+            cache[key] = rule_files(out, Settings(scrape_interval=scrape, stall_windows=windows), semantics)
         return cache[key]
     return get
 
@@ -51,7 +52,8 @@ def test_promql_state_and_alerts_match_truth_table(scenario, rules, tmp_path):
     paths = []
     for semantics, variants in PER_SEMANTICS.items():
         path = tmp_path / f"{scenario.name}.{semantics}.test.yml"
-        document = promtool_test(scenario, rules(scenario.scrape_interval, semantics), variants)
+        document = promtool_test(scenario, rules(scenario.scrape_interval, semantics, stall_windows(scenario)),
+                                 variants)
         path.write_text(yaml.safe_dump(document, sort_keys=False, width=200))
         paths.append(path)
     result = run(promtool, paths)

@@ -24,7 +24,7 @@ def python_verdicts(scenario: Scenario) -> list[str]:
             verdicts.append("none")
             continue
         observations.append(observation)
-        verdicts.append(judge(observations, grace=scenario.grace).state)
+        verdicts.append(judge(observations, grace=scenario.grace, stall_window=scenario.window()).state)
     return verdicts
 
 

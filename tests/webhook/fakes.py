@@ -96,8 +96,10 @@ class FakeRestarter:
         return [f"line {i} of {container.name}" for i in range(150)][-lines:]
 
 
-def result(state: str = "hung", reason: str | None = None, running: float = 1) -> CheckResult:
-    reading = Reading(engine="vllm", running=running, waiting=0, steps=42, generation_tokens=7)
+def result(state: str = "hung", reason: str | None = None, running: float = 1,
+           process_start: float | None = None) -> CheckResult:
+    reading = Reading(engine="vllm", running=running, waiting=0, steps=42, generation_tokens=7,
+                      process_start=process_start)
     observations = tuple(Observation(taken_at=float(i), status="ok", reading=reading) for i in range(3))
     return CheckResult(Verdict(state, reason or f"fake {state}"), "backend", observations)
 
@@ -111,18 +113,22 @@ class FakeRechecker:
         self.by_url: dict[str, str] = {}
         self.calls: list[dict] = []
         self.gate: threading.Event | None = None
+        self.process_start: float | None = None  # the readings' process start time
         self.lock = threading.Lock()
 
-    def __call__(self, url, *, module, interval, timeout, api_key=None, probe="auto"):
+    def __call__(self, url, *, module, interval, timeout, api_key=None, probe="auto", stall_window=None):
         with self.lock:
-            self.calls.append({"url": url, "module": module, "interval": interval, "timeout": timeout,
-                               "api_key": api_key, "probe": probe})
+            call = {"url": url, "module": module, "interval": interval, "timeout": timeout,
+                    "api_key": api_key, "probe": probe}
+            if stall_window is not None:
+                call["stall_window"] = stall_window
+            self.calls.append(call)
         if self.gate is not None:
             assert self.gate.wait(10), "test never released the re-check"
         state = self.by_url.get(url, self.state)
         if isinstance(state, Exception):
             raise state
-        return result(state)
+        return result(state, process_start=self.process_start)
 
 
 def alert(*, status="firing", alertname="HangwatchBackendHung", target="vllm-a", container="vllm-a",

@@ -15,7 +15,12 @@ import sys
 ENV = "HANGWATCH_VLLM_FAULT"
 
 # fault name -> module (in this package) whose install() patches vLLM
-FAULTS: dict[str, str] = {"wedge": "wedge"}
+FAULTS: dict[str, str] = {
+    "decode_dead": "decode_dead",              # (a) prompts prefilled, no token ever out
+    "admission_stuck": "admission_stuck",      # (b) waiting requests deferred, never admitted
+    "one_request_stuck": "one_request_stuck",  # (c) one request never finishes, others do
+    "wedge": "wedge",                          # EngineCore blocks in a named function (forensics)
+}
 
 
 def register() -> None:
