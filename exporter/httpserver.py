@@ -178,6 +178,8 @@ def parse_head(head: bytes) -> Head:
     while head.startswith(b"\r\n", start):  # empty lines before a request line are allowed
         start += 2
     line_end = head.find(b"\r\n", start)
+    if head.count(b" ", start, line_end) != 2:  # llhttp lets "GET  /" through; the grammar has one SP
+        raise _BadRequest(400, "bad request line")
     version = head[line_end - 9:line_end]
     if version == b" HTTP/1.1":
         if reader.hosts != 1:
