@@ -78,6 +78,8 @@ SMUGGLED = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"  # 34 bytes
 MUST_REJECT = {
     # two different lengths: the "body" would be answered as a second request (smuggling)
     "two_content_lengths": b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 34\r\n\r\n" + SMUGGLED,
+    "two_content_lengths_last_zero": b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 34\r\nContent-Length: 0\r\n\r\n"
+                                     + SMUGGLED,
     "length_and_chunked": b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 34\r\nTransfer-Encoding: chunked\r\n\r\n"
                           + SMUGGLED,
     "chunked_not_last": b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n" + SMUGGLED,
