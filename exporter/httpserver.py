@@ -157,42 +157,66 @@ class _HeadReader:
         self.complete = True
 
 
+def head_length(buffer: bytes) -> int:
+    """The length of the request head that starts ``buffer`` (its blank line included), or 0
+    while it is not whole yet. A head too large, or one with a line ended by LF alone (which a
+    CRLF blank line would then never end), is refused at once instead of at read_timeout."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buffer) > MAX_HEAD_BYTES:
+            raise _BadRequest(431, "request head too large")
+        if b"\n\n" in buffer or b"\n\r\n" in buffer:
+            raise _BadRequest(400, "bad request: lines must end with CRLF")
+        return 0
+    if end + 4 > MAX_HEAD_BYTES:
+        raise _BadRequest(431, "request head too large")
+    return end + 4
+
+
 def parse_head(head: bytes) -> Head:
     """A request head, up to and including its blank line, as llhttp (strict) reads it, plus what
     llhttp leaves to its caller: only HTTP/1.0 and 1.1, exactly one Host on 1.1 (at most one on
     1.0), and no body (llhttp has then not finished the message at the blank line)."""
     reader = _HeadReader()
     parser = httptools.HttpRequestParser(reader)
+    upgrade = False
     try:
         parser.feed_data(head)
     except httptools.HttpParserUpgrade:
-        pass  # Upgrade: or CONNECT: the head is whole; the server answers it as any other
+        upgrade = True  # Upgrade: or CONNECT: answered as any other, then closed (what follows is not HTTP)
     except httptools.HttpParserCallbackError as exc:
         cause = exc.__context__
         raise cause if isinstance(cause, _BadRequest) else _BadRequest(400, "bad request") from None
     except httptools.HttpParserError as exc:
         raise _BadRequest(400, f"bad request: {exc}") from None
-    if not reader.complete:
-        raise _BadRequest(400, "request bodies are not accepted")
+    headers = reader.headers
+    if not reader.complete or "transfer-encoding" in headers or headers.get("content-length", "0") != "0":
+        raise _BadRequest(400, "request bodies are not accepted")  # (llhttp stops at CONNECT's head)
+    if not reader.url:  # llhttp lets CONNECT through without one
+        raise _BadRequest(400, "bad request target")
     start = 0
     while head.startswith(b"\r\n", start):  # empty lines before a request line are allowed
         start += 2
+    if head[start:start + 1] in (b"\r", b"\n"):  # an empty line ended by LF alone (llhttp skips it)
+        raise _BadRequest(400, "bad request: lines must end with CRLF")
     line_end = head.find(b"\r\n", start)
     if head.count(b" ", start, line_end) != 2:  # llhttp lets "GET  /" through; the grammar has one SP
         raise _BadRequest(400, "bad request line")
     version = head[line_end - 9:line_end]
+    if version[6:] != parser.get_http_version().encode():  # "GET HTTP/1.0": llhttp reads 0.9, that URL
+        raise _BadRequest(400, "bad request line")
     if version == b" HTTP/1.1":
         if reader.hosts != 1:
             raise _BadRequest(400, "HTTP/1.1 needs exactly one Host header")
-        keep_alive = "close" not in reader.headers.get("connection", "").lower()
+        keep_alive = not upgrade and "close" not in headers.get("connection", "").lower()
     elif version == b" HTTP/1.0":
         if reader.hosts > 1:
             raise _BadRequest(400, "more than one Host header")
-        keep_alive = "keep-alive" in reader.headers.get("connection", "").lower()
+        keep_alive = not upgrade and "keep-alive" in headers.get("connection", "").lower()
     else:
         raise _BadRequest(400, "only HTTP/1.0 and HTTP/1.1")
     path, query = split_target(reader.url.decode("latin-1"))
-    return Head(parser.get_method().decode("latin-1"), path, query, reader.headers, keep_alive)
+    return Head(parser.get_method().decode("latin-1"), path, query, headers, keep_alive)
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -642,19 +666,11 @@ class _Connection:
                 self._fail(500, "internal error (logged)")
 
     def _take_request(self):
-        buffer = self.buffer
-        end = buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buffer) > MAX_HEAD_BYTES:
-                self._fail(431, "request head too large")
-            elif b"\n\n" in buffer or b"\n\r\n" in buffer:  # a line ended by LF alone: never a head
-                self._fail(400, "bad request: lines must end with CRLF")
-            return
-        if end + 4 > MAX_HEAD_BYTES:
-            self._fail(431, "request head too large")
-            return
-        head, self.buffer = buffer[:end + 4], buffer[end + 4:]
         try:
+            length = head_length(self.buffer)
+            if not length:
+                return
+            head, self.buffer = self.buffer[:length], self.buffer[length:]
             parsed = parse_head(head)
         except _BadRequest as bad:
             self._fail(bad.status, bad.text)
