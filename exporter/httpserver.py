@@ -175,8 +175,8 @@ def head_length(buffer: bytes) -> int:
 
 def parse_head(head: bytes) -> Head:
     """A request head, up to and including its blank line, as llhttp (strict) reads it, plus what
-    llhttp leaves to its caller: only HTTP/1.0 and 1.1, exactly one Host on 1.1 (at most one on
-    1.0), and no body (llhttp has then not finished the message at the blank line)."""
+    llhttp leaves to its caller: only HTTP/1.0 and 1.1, one SP between the request line's parts,
+    exactly one Host on 1.1 (at most one on 1.0), and no body (GET and HEAD carry none)."""
     reader = _HeadReader()
     parser = httptools.HttpRequestParser(reader)
     upgrade = False
@@ -190,7 +190,7 @@ def parse_head(head: bytes) -> Head:
     except httptools.HttpParserError as exc:
         raise _BadRequest(400, f"bad request: {exc}") from None
     headers = reader.headers
-    if not reader.complete or "transfer-encoding" in headers or headers.get("content-length", "0") != "0":
+    if not reader.complete or "transfer-encoding" in headers or headers.get("content-length", "0").lstrip("0"):
         raise _BadRequest(400, "request bodies are not accepted")  # (llhttp stops at CONNECT's head)
     if not reader.url:  # llhttp lets CONNECT through without one
         raise _BadRequest(400, "bad request target")

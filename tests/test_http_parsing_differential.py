@@ -145,6 +145,7 @@ CRAFTED = [
     b"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
     b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
     b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0, 0\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 00\r\n\r\n",
     b"GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
     b"CONNECT h:1 HTTP/1.1\r\nHost: h:1\r\n\r\n",
     b"PRI * HTTP/2.0\r\n\r\n",
