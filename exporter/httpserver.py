@@ -44,7 +44,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import httptools
 
@@ -122,8 +122,7 @@ class _BadRequest(Exception):
         self.status, self.text = status, text
 
 
-@dataclass(frozen=True)
-class Head:
+class Head(NamedTuple):
     """What a request head says, once llhttp has accepted it and the checks below have passed."""
 
     method: str
