@@ -34,7 +34,6 @@ httptools.
 """
 from __future__ import annotations
 
-import collections
 import errno
 import logging
 import socket

@@ -8,7 +8,6 @@ memory, and synchronous answers that lost the only work slot.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import resource
 import selectors
@@ -20,7 +19,7 @@ import pytest
 import requests
 
 from hangwatch.exporter.config import ExporterConfig
-from hangwatch.exporter.httpserver import BoundedHTTPServer, Response, Route
+from hangwatch.exporter.httpserver import BoundedHTTPServer, Route
 from hangwatch.simulator import Simulator
 from tests.support.pages import Page, PageServer
 from tests.support.servers import ServerProcess
@@ -75,13 +74,12 @@ def raise_descriptor_limit(needed: int) -> None:
 
 # -- RFC 9112: what a server MUST reject -----------------------------------------------------------
 SMUGGLED = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"  # 34 bytes
+GET_METRICS = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
 MUST_REJECT = {
     # two different lengths: the "body" would be answered as a second request (smuggling)
-    "two_content_lengths": b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 34\r\n\r\n" + SMUGGLED,
-    "two_content_lengths_last_zero": b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 34\r\nContent-Length: 0\r\n\r\n"
-                                     + SMUGGLED,
-    "length_and_chunked": b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 34\r\nTransfer-Encoding: chunked\r\n\r\n"
-                          + SMUGGLED,
+    "two_content_lengths": GET_METRICS + b"Content-Length: 0\r\nContent-Length: 34\r\n\r\n" + SMUGGLED,
+    "two_content_lengths_last_zero": GET_METRICS + b"Content-Length: 34\r\nContent-Length: 0\r\n\r\n" + SMUGGLED,
+    "length_and_chunked": GET_METRICS + b"Content-Length: 34\r\nTransfer-Encoding: chunked\r\n\r\n" + SMUGGLED,
     "chunked_not_last": b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n" + SMUGGLED,
     "space_before_colon": b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length : 34\r\n\r\n" + SMUGGLED,
     "nul_in_value": b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
