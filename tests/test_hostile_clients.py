@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from hangwatch.exporter.config import ExporterConfig
-from hangwatch.exporter.httpserver import BoundedHTTPServer, Route
+from hangwatch.exporter.httpserver import BoundedHTTPServer, Response, Route
 from hangwatch.simulator import Simulator
 from tests.support.pages import Page, PageServer
 from tests.support.servers import ServerProcess
@@ -214,6 +214,55 @@ def test_one_address_holding_every_connection_does_not_starve_the_others(exporte
         sim.stop()
     assert len(answers) == len(paths)
     assert answers.count(200) >= 0.9 * len(paths), answers
+
+
+def test_a_full_table_makes_room_from_the_address_holding_most(caplog):
+    """Small and exact: one address fills the table with requests in flight (nothing idle, so
+    nothing was evictable on main and every newcomer was refused); its own next connection is
+    refused, another address's connections are answered, each one taking a connection from it."""
+    def never(request, reply):
+        pass  # work that holds its connection busy for good
+    routes = {"/hold": Route(lambda request: None, on_loop=never, start_within=lambda request: 60.0),
+              "/ok": Route(lambda request: Response(200, "text/plain", b"ok\n"), inline=True)}
+    server = BoundedHTTPServer(("127.0.0.1", 0), routes, max_connections=16)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    held: list[socket.socket] = []
+    try:
+        for _ in range(server.max_client_connections):
+            sock = socket.socket()
+            sock.bind((ATTACKER, 0))
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+            held.append(sock)
+        deadline = time.monotonic() + 10
+        while server.stats.work_running < server.max_client_connections:
+            assert time.monotonic() < deadline, server.stats
+            time.sleep(0.02)
+        one_more = socket.socket()
+        one_more.bind((ATTACKER, 0))
+        one_more.connect(("127.0.0.1", port))
+        held.append(one_more)
+        one_more.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+        one_more.settimeout(5)
+        try:
+            refused = one_more.recv(100) == b""
+        except ConnectionResetError:
+            refused = True
+        assert refused, "the address holding the most got yet another connection"
+        others = []
+        for _ in range(5):  # kept open (keep-alive): the table is full from the second one on
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            held.append(sock)
+            sock.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+            others.append(sock.recv(1000))
+        assert [statuses(answer) for answer in others] == [[200]] * 5
+        assert server.stats.dropped["evicted"] >= 4 and server.stats.dropped["refused"] >= 1
+    finally:
+        for sock in held:
+            sock.close()
+        server.shutdown()
+        server.server_close()
 
 
 # -- memory ----------------------------------------------------------------------------------------------
