@@ -17,6 +17,8 @@ scrapes a thousand targets at once. Here instead:
   evicting a connection of the address holding the most (an idle one first), and a newcomer
   is refused only when its own address is that one. Each connection has one request in
   flight; what it pipelines behind stays unread bytes (at most ``MAX_HEAD_BYTES``);
+- a head its route answered 200 is kept parsed (``KEPT_HEADS_BYTES``), so Prometheus' same
+  head every scrape is parsed once; no other head is kept;
 - at most ``workers`` requests that do work (they read a backend) are worked on at once, at
   most ``max_client_slots`` of them for one address, and waiting work is started round-robin
   over addresses; a request that cannot start within the time its route allows is answered
@@ -43,6 +45,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from types import MappingProxyType
 from typing import Callable, Mapping, NamedTuple
 
 import httptools
@@ -57,6 +60,12 @@ IDLE_TIMEOUT = 120.0        # an idle keep-alive connection (Prometheus keeps th
 LISTEN_BACKLOG = 4096       # the kernel caps it at net.core.somaxconn
 ACCEPTS_PER_WAKE = 64
 RECV_BYTES = 65536
+# Heads answered 200 are kept parsed (Prometheus sends each target the same head every scrape):
+# only heads of at most MAX_KEPT_HEAD bytes, KEPT_HEADS_BYTES of them in all (oldest out first).
+# A head on an unknown path, or with a query its route refused, is never kept.
+MAX_KEPT_HEAD = 1024
+KEPT_HEADS_BYTES = 4 * 1024 * 1024
+KEPT_HEAD_OVERHEAD = 1024   # what a kept head costs beside its bytes (its Head, dict, strings)
 ALLOWED_METHODS = ("GET", "HEAD")
 
 
@@ -315,6 +324,8 @@ class BoundedHTTPServer:
         self.free_slots = workers  # work being done now, on the loop or a thread (loop thread only)
         self.waiting: OrderedDict[_Client, None] = OrderedDict()  # clients with waiting work, round-robin
         self._starting = False     # start_waiting is running (it is never entered twice)
+        self.kept_heads: OrderedDict[bytes, Head] = OrderedDict()  # see KEPT_HEADS_BYTES
+        self.kept_heads_bytes = 0
 
     # -- lifecycle --------------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -458,6 +469,24 @@ class BoundedHTTPServer:
             _log_failure(self.name, f"{request.method} {request.path}", exc)
             return _plain(500, "internal error (logged)\n")
 
+    def parsed(self, head: bytes) -> tuple[Head, bool]:
+        """``parse_head(head)``, and whether it came from the kept heads."""
+        known = self.kept_heads.get(head)
+        if known is not None:
+            return known, True
+        return parse_head(head), False
+
+    def keep(self, head: bytes, parsed: Head) -> None:
+        """Keep a head its route answered 200 (bounded in bytes: see KEPT_HEADS_BYTES)."""
+        if len(head) > MAX_KEPT_HEAD or head in self.kept_heads:
+            return
+        kept = self.kept_heads
+        kept[head] = parsed._replace(headers=MappingProxyType(parsed.headers))  # shared: read-only
+        self.kept_heads_bytes += len(head) + KEPT_HEAD_OVERHEAD
+        while self.kept_heads_bytes > KEPT_HEADS_BYTES:
+            oldest, _ = kept.popitem(last=False)
+            self.kept_heads_bytes -= len(oldest) + KEPT_HEAD_OVERHEAD
+
     def may_start(self, client: _Client) -> bool:
         return self.free_slots > 0 and client.running < self.max_client_slots
 
@@ -521,6 +550,7 @@ class _Connection:
         self.keep_alive = True
         self.keep_alive_after = True   # False once the client has half-closed
         self.with_body = True          # False for HEAD
+        self.head: tuple[bytes, Head] | None = None  # a head just parsed: kept if answered 200
 
     def start(self) -> None:
         self._read_on()
@@ -669,7 +699,7 @@ class _Connection:
             if not length:
                 return
             head, self.buffer = self.buffer[:length], self.buffer[length:]
-            parsed = parse_head(head)
+            parsed, kept = self.server.parsed(head)
         except _BadRequest as bad:
             self._fail(bad.status, bad.text)
             return
@@ -678,6 +708,7 @@ class _Connection:
         self.client_record.idle.pop(self, None)
         self.keep_alive = parsed.keep_alive
         self.with_body = parsed.method != "HEAD"
+        self.head = None if kept else (head, parsed)
         request = Request(parsed.method, parsed.path, parsed.query, parsed.headers, time.monotonic(), self.client)
         answer = self.server.answer_inline(request)
         if isinstance(answer, Response):
@@ -773,6 +804,10 @@ class _Connection:
         server.start_waiting()
 
     def _respond(self, response: Response):
+        if self.head is not None:
+            if response.status == 200:
+                self.server.keep(*self.head)
+            self.head = None
         self.keep_alive = self.keep_alive and (self.keep_alive_after or self._request_waiting())
         self._send(encode(response, self.keep_alive, self.with_body))
         if not self.keep_alive:

@@ -297,6 +297,31 @@ def test_twenty_thousand_distinct_heads_do_not_grow_memory():
     assert after - before < 8, f"RSS {before:.1f} -> {after:.1f} MiB"
 
 
+def test_only_heads_answered_200_are_kept_and_only_so_many_bytes(monkeypatch):
+    """Prometheus' same head every scrape is parsed once; a head on an unknown path or refused
+    by its route is never kept, and all kept heads fit KEPT_HEADS_BYTES."""
+    from hangwatch.exporter import httpserver
+    monkeypatch.setattr(httpserver, "KEPT_HEADS_BYTES", 20 * (100 + httpserver.KEPT_HEAD_OVERHEAD))
+    routes = {"/ok": Route(lambda request: Response(200 if request.query != "bad" else 400, "text/plain", b".\n"),
+                           inline=True)}
+    server = BoundedHTTPServer(("127.0.0.1", 0), routes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        heads = [f"GET /ok?{i:04d} HTTP/1.1\r\nHost: x\r\n\r\n" for i in range(100)]
+        heads += [f"GET /nope{i} HTTP/1.1\r\nHost: x\r\n\r\n" for i in range(100)]
+        heads += ["GET /ok?bad HTTP/1.1\r\nHost: x\r\n\r\n"]
+        answer = exchange(port, "".join(heads).encode())
+        assert len(statuses(answer)) == len(heads)
+        kept = list(server.kept_heads)
+        assert kept and all(head.startswith(b"GET /ok?0") for head in kept), kept[:3]
+        assert 0 < server.kept_heads_bytes <= httpserver.KEPT_HEADS_BYTES
+        assert kept[-1].startswith(b"GET /ok?0099")  # the newest stay, the oldest went
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # -- work slots are never lost ---------------------------------------------------------------------------
 def close_wait_sockets(port: int) -> int:
     """Sockets of this local port in CLOSE_WAIT (the peer closed, the exporter did not)."""
