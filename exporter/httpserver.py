@@ -7,30 +7,38 @@ scrapes a thousand targets at once. Here instead:
 
 - one event loop (``hangwatch.exporter.evloop``: non-blocking sockets on epoll) reads every
   connection, so a half-open or idle connection costs a socket and a few kilobytes, never a
-  thread; a request head must arrive within ``read_timeout``
-  and fit in ``MAX_HEAD_BYTES``, an idle keep-alive connection is closed after
-  ``IDLE_TIMEOUT``;
-- at most ``max_connections`` are open: a new one first evicts the oldest connection that is
-  not being answered (idle, or still sending its head), else it is refused;
-- at most ``workers`` requests that do work (they read a backend) are worked on at once; a
-  request that cannot start within the time its route allows is answered 503 at that moment
-  (the route says how long: a scrape's answer is useless after Prometheus' timeout). Such a
-  route runs on a worker thread, or — ``on_loop`` — starts on the loop itself and either
-  answers there (non-blocking I/O: no thread hand-off, which costs more CPU than a busy
-  backend's reading) or hands the rest to a worker. Cheap routes (``inline``) are answered on
-  the loop at once, so they answer even when every worker waits on a stalled backend.
-- HTTP/1.1 keep-alive, so a scraper reuses its connections; GET only, no request bodies.
+  thread; a request head must arrive within ``read_timeout`` and fit in ``MAX_HEAD_BYTES``, an
+  idle keep-alive connection is closed after ``IDLE_TIMEOUT``;
+- heads are parsed by llhttp (``httptools``: the parser of Node.js and uvicorn), strict, plus
+  the checks it leaves to its caller (``parse_head``); whatever a client sends, it gets an
+  answer (400/431/500) or a close, never an exception past its connection;
+- no client (peer address) can starve another: at most ``max_connections`` are open, at most
+  ``max_client_connections`` from one address; when the table is full, room is made by
+  evicting a connection of the address holding the most (an idle one first), and a newcomer
+  is refused only when its own address is that one. Each connection has one request in
+  flight; what it pipelines behind stays unread bytes (at most ``MAX_HEAD_BYTES``);
+- a head its route answered 200 is kept parsed (``KEPT_HEADS_BYTES``), so Prometheus' same
+  head every scrape is parsed once; no other head is kept;
+- at most ``workers`` requests that do work (they read a backend) are worked on at once, at
+  most ``max_client_slots`` of them for one address, and waiting work is started round-robin
+  over addresses; a request that cannot start within the time its route allows is answered
+  503 at that moment (the route says how long: a scrape's answer is useless after
+  Prometheus' timeout). Such a route runs on a worker thread, or — ``on_loop`` — starts on
+  the loop itself and either answers there (non-blocking I/O: no thread hand-off, which costs
+  more CPU than a busy backend's reading) or hands the rest to a worker. Cheap routes
+  (``inline``) are answered on the loop at once, so they answer even when every worker waits
+  on a stalled backend;
+- HTTP/1.1 keep-alive, so a scraper reuses its connections; GET and HEAD, no request bodies.
 
 The server knows nothing about the exporter: it maps paths to ``Route`` objects, and a route
-maps a ``Request`` to a ``Response``. It imports nothing outside the standard library.
+maps a ``Request`` to a ``Response``. It imports nothing outside the standard library but
+httptools.
 """
 from __future__ import annotations
 
-import collections
 import errno
 import logging
 import socket
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -38,8 +46,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from types import MappingProxyType
-from typing import Callable, Mapping
-from urllib.parse import urlsplit
+from typing import Callable, Mapping, NamedTuple
+
+import httptools
 
 from .evloop import Loop
 
@@ -51,8 +60,13 @@ IDLE_TIMEOUT = 120.0        # an idle keep-alive connection (Prometheus keeps th
 LISTEN_BACKLOG = 4096       # the kernel caps it at net.core.somaxconn
 ACCEPTS_PER_WAKE = 64
 RECV_BYTES = 65536
-KEPT_HEADS = 20000          # request heads kept parsed (one per target: the same every scrape)
-MAX_KEPT_HEAD = 1024        # longer heads are parsed every time (a client cannot fill memory)
+# Heads answered 200 are kept parsed (Prometheus sends each target the same head every scrape):
+# only heads of at most MAX_KEPT_HEAD bytes, KEPT_HEADS_BYTES of them in all (oldest out first).
+# A head on an unknown path, or with a query its route refused, is never kept.
+MAX_KEPT_HEAD = 1024
+KEPT_HEADS_BYTES = 4 * 1024 * 1024
+KEPT_HEAD_OVERHEAD = 1024   # what a kept head costs beside its bytes (its Head, dict, strings)
+ALLOWED_METHODS = ("GET", "HEAD")
 
 
 @dataclass(frozen=True)
@@ -116,33 +130,115 @@ class _BadRequest(Exception):
         self.status, self.text = status, text
 
 
-def parse_head(head: bytes) -> tuple[str, str, str, dict[str, str], bool]:
-    """(method, path, query, headers, keep_alive) from a request head without its blank line."""
+class Head(NamedTuple):
+    """What a request head says, once llhttp has accepted it and the checks below have passed."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]   # names in lower case, values without surrounding blanks (the last wins)
+    keep_alive: bool
+
+
+class _HeadReader:
+    """llhttp's callbacks for one head (a fresh parser per head: none of its state outlives it)."""
+
+    __slots__ = ("url", "headers", "hosts", "count", "complete")
+
+    def __init__(self):
+        self.url, self.headers, self.hosts, self.count, self.complete = b"", {}, 0, 0, False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.count += 1
+        if self.count > MAX_HEADERS:
+            raise _BadRequest(431, "too many headers")
+        key = name.decode("latin-1").lower()
+        if key == "host":
+            self.hosts += 1
+        self.headers[key] = value.decode("latin-1").strip(" \t")
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+def head_length(buffer: bytes) -> int:
+    """The length of the request head that starts ``buffer`` (its blank line included), or 0
+    while it is not whole yet. A head too large, or one with a line ended by LF alone (which a
+    CRLF blank line would then never end), is refused at once instead of at read_timeout."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buffer) > MAX_HEAD_BYTES:
+            raise _BadRequest(431, "request head too large")
+        if b"\n\n" in buffer or b"\n\r\n" in buffer:
+            raise _BadRequest(400, "bad request: lines must end with CRLF")
+        return 0
+    if end + 4 > MAX_HEAD_BYTES:
+        raise _BadRequest(431, "request head too large")
+    return end + 4
+
+
+def parse_head(head: bytes) -> Head:
+    """A request head, up to and including its blank line, as llhttp (strict) reads it, plus what
+    llhttp leaves to its caller: only HTTP/1.0 and 1.1, one SP between the request line's parts,
+    exactly one Host on 1.1 (at most one on 1.0), and no body (GET and HEAD carry none)."""
+    reader = _HeadReader()
+    parser = httptools.HttpRequestParser(reader)
+    upgrade = False
     try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        raise _BadRequest(400, "bad request") from None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise _BadRequest(400, "bad request line")
-    method, target, version = parts
-    if len(lines) - 1 > MAX_HEADERS:
-        raise _BadRequest(431, "too many headers")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or line[0] in " \t":
-            raise _BadRequest(400, "malformed header")
-        headers[name.lower()] = value.strip()
-    if "transfer-encoding" in headers or headers.get("content-length", "0") not in ("0", ""):
-        raise _BadRequest(400, "request bodies are not accepted")
-    if not target.startswith("/"):
+        parser.feed_data(head)
+    except httptools.HttpParserUpgrade:
+        upgrade = True  # Upgrade: or CONNECT: answered as any other, then closed (what follows is not HTTP)
+    except httptools.HttpParserCallbackError as exc:
+        cause = exc.__context__
+        raise cause if isinstance(cause, _BadRequest) else _BadRequest(400, "bad request") from None
+    except httptools.HttpParserError as exc:
+        raise _BadRequest(400, f"bad request: {exc}") from None
+    headers = reader.headers
+    if not reader.complete or "transfer-encoding" in headers or headers.get("content-length", "0").lstrip("0"):
+        raise _BadRequest(400, "request bodies are not accepted")  # (llhttp stops at CONNECT's head)
+    if not reader.url:  # llhttp lets CONNECT through without one
         raise _BadRequest(400, "bad request target")
-    url = urlsplit(target)
-    connection = headers.get("connection", "").lower()
-    keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-    return method, url.path, url.query, headers, keep_alive
+    start = 0
+    while head.startswith(b"\r\n", start):  # empty lines before a request line are allowed
+        start += 2
+    if head[start:start + 1] in (b"\r", b"\n"):  # an empty line ended by LF alone (llhttp skips it)
+        raise _BadRequest(400, "bad request: lines must end with CRLF")
+    line_end = head.find(b"\r\n", start)
+    if head.count(b" ", start, line_end) != 2:  # llhttp lets "GET  /" through; the grammar has one SP
+        raise _BadRequest(400, "bad request line")
+    version = head[line_end - 9:line_end]
+    if version[6:] != parser.get_http_version().encode():  # "GET HTTP/1.0": llhttp reads 0.9, that URL
+        raise _BadRequest(400, "bad request line")
+    if version == b" HTTP/1.1":
+        if reader.hosts != 1:
+            raise _BadRequest(400, "HTTP/1.1 needs exactly one Host header")
+        keep_alive = not upgrade and "close" not in headers.get("connection", "").lower()
+    elif version == b" HTTP/1.0":
+        if reader.hosts > 1:
+            raise _BadRequest(400, "more than one Host header")
+        keep_alive = not upgrade and "keep-alive" in headers.get("connection", "").lower()
+    else:
+        raise _BadRequest(400, "only HTTP/1.0 and HTTP/1.1")
+    path, query = split_target(reader.url.decode("latin-1"))
+    return Head(parser.get_method().decode("latin-1"), path, query, headers, keep_alive)
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """(path, query) of an origin-form (``/p?q``) or absolute-form (``http://h/p?q``) target;
+    any other form comes back as a path no route has (answered 404). Never raises."""
+    if not target.startswith("/"):
+        scheme, sep, rest = target.partition("://")
+        if sep and scheme.lower() in ("http", "https"):
+            cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+            target = rest[cut:]
+            if not target.startswith("/"):
+                target = "/" + target
+    target = target.partition("#")[0]
+    path, _, query = target.partition("?")
+    return path, query
 
 
 def encode(response: Response, keep_alive: bool, with_body: bool = True) -> bytes:
@@ -158,6 +254,39 @@ def encode(response: Response, keep_alive: bool, with_body: bool = True) -> byte
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (response.body if with_body else b"")
 
 
+def _log_failure(name: str, what: str, exc: BaseException) -> None:
+    """One line per failed request (the traceback only at debug level): a client that can make a
+    request fail must not be able to fill the log with tracebacks."""
+    log.error("%s: %s failed: %s: %s", name, what, type(exc).__name__, exc,
+              exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
+
+
+def client_connection_cap(max_connections: int) -> int:
+    """One address may hold all but a sixty-fourth of the table: room for others to connect
+    without evicting, while one Prometheus' burst of 1,000 scrapes fits a table of 1,024."""
+    return max(1, max_connections - max(1, max_connections // 64))
+
+
+def client_slot_cap(workers: int) -> int:
+    """One address may hold all but an eighth of the work slots (a kubelet's /livez finds one
+    free while another client keeps the rest busy); with fewer than 8, round-robin alone."""
+    return max(1, workers - workers // 8)
+
+
+class _Client:
+    """One peer address: its connections (oldest first), the idle ones among them (evictable,
+    oldest first), the work slots it holds and its work waiting for one (oldest first)."""
+
+    __slots__ = ("address", "connections", "idle", "running", "waiting")
+
+    def __init__(self, address: str):
+        self.address = address
+        self.connections: dict[_Connection, None] = {}
+        self.idle: OrderedDict[_Connection, None] = OrderedDict()
+        self.running = 0
+        self.waiting: OrderedDict[_Connection, None] = OrderedDict()
+
+
 class BoundedHTTPServer:
     """An HTTP/1.1 server with bounded connections, threads and waits (see the module doc).
 
@@ -166,9 +295,12 @@ class BoundedHTTPServer:
     """
 
     def __init__(self, address: tuple[str, int], routes: Mapping[str, Route], *, max_connections: int = 1024,
-                 read_timeout: float = 5.0, workers: int = 64, name: str = "hangwatch"):
+                 read_timeout: float = 5.0, workers: int = 64, name: str = "hangwatch",
+                 max_client_connections: int | None = None, max_client_slots: int | None = None):
         self.routes = dict(routes)
         self.max_connections, self.read_timeout, self.workers = max_connections, read_timeout, workers
+        self.max_client_connections = max_client_connections or client_connection_cap(max_connections)
+        self.max_client_slots = max_client_slots or client_slot_cap(workers)
         self.stats = ServerStats()
         self.name = name
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
@@ -187,11 +319,13 @@ class BoundedHTTPServer:
         self._stopped = threading.Event()
         self._running = threading.Event()
         self._entered = False
-        self.evictable: OrderedDict[_Connection, None] = OrderedDict()  # oldest first
         self.connections: set[_Connection] = set()
+        self.clients: dict[str, _Client] = {}
         self.free_slots = workers  # work being done now, on the loop or a thread (loop thread only)
-        self.waiting: collections.deque = collections.deque()  # (connection, ticket), oldest first
-        self.heads: dict[bytes, tuple] = {}  # a request head -> what parse_head made of it (KEPT_HEADS)
+        self.waiting: OrderedDict[_Client, None] = OrderedDict()  # clients with waiting work, round-robin
+        self._starting = False     # start_waiting is running (it is never entered twice)
+        self.kept_heads: OrderedDict[bytes, Head] = OrderedDict()  # see KEPT_HEADS_BYTES
+        self.kept_heads_bytes = 0
 
     # -- lifecycle --------------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -246,9 +380,14 @@ class BoundedHTTPServer:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-            connection = _Connection(self, sock, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "")
+            address = peer[0] if isinstance(peer, tuple) else ""
+            client = self.clients.get(address)
+            if client is None:
+                client = self.clients[address] = _Client(address)
+            connection = _Connection(self, sock, client, f"{address}:{peer[1]}" if isinstance(peer, tuple) else "")
             if not self.admit(connection):
                 sock.close()
+                self._release(client)
                 continue
             connection.start()
 
@@ -258,45 +397,56 @@ class BoundedHTTPServer:
 
     # -- bookkeeping the connections use --------------------------------------------------------
     def admit(self, connection: "_Connection") -> bool:
-        """Room for one more connection: evict the oldest one nobody is answered on, if need be."""
-        if len(self.connections) >= self.max_connections:
-            while self.evictable:
-                oldest, _ = self.evictable.popitem(last=False)
-                if not oldest.closed:
-                    self.stats.dropped["evicted"] += 1
-                    oldest.abort()
-                    break
-            else:
+        """Room for one more connection (see the module doc: the biggest holder gives way)."""
+        client = connection.client_record
+        if len(client.connections) >= self.max_client_connections:
+            if not self._evict_from(client, busy_too=False):
+                self.stats.dropped["refused"] += 1
+                return False
+        elif len(self.connections) >= self.max_connections:
+            biggest = max(self.clients.values(), key=lambda c: len(c.connections))
+            if len(biggest.connections) > len(client.connections):
+                evicted = self._evict_from(biggest, busy_too=True)
+            else:  # the newcomer's own address holds the most: only its own idle one may go
+                evicted = self._evict_from(client, busy_too=False)
+            if not evicted:
                 self.stats.dropped["refused"] += 1
                 return False
         self.connections.add(connection)
+        client.connections[connection] = None
         self.stats.connections_open = len(self.connections)
         return True
 
-    def forget(self, connection: "_Connection") -> None:
-        self.connections.discard(connection)
-        self.evictable.pop(connection, None)
-        self.stats.connections_open = len(self.connections)
+    def _evict_from(self, client: _Client, busy_too: bool) -> bool:
+        """Close the client's oldest idle connection, else (``busy_too``) its oldest one."""
+        victim = next(iter(client.idle), None)
+        if victim is None and busy_too:
+            victim = next(iter(client.connections), None)
+        if victim is None:
+            return False
+        self.stats.dropped["evicted"] += 1
+        victim.abort()
+        return True
 
-    def parsed(self, head: bytes) -> tuple[str, str, str, Mapping[str, str], bool]:
-        """``parse_head(head)``, kept for heads seen before: Prometheus sends each target the
-        same head every scrape. Only good heads of at most ``MAX_KEPT_HEAD`` bytes are kept, at
-        most ``KEPT_HEADS`` of them (the oldest goes first)."""
-        known = self.heads.get(head)
-        if known is None:
-            method, path, query, headers, keep_alive = parse_head(head)
-            known = (method, path, query, MappingProxyType(headers), keep_alive)
-            if len(head) <= MAX_KEPT_HEAD:
-                heads = self.heads
-                while len(heads) >= KEPT_HEADS:
-                    heads.pop(next(iter(heads)))
-                heads[head] = known
-        return known
+    def forget(self, connection: "_Connection") -> None:
+        client = connection.client_record
+        self.connections.discard(connection)
+        client.connections.pop(connection, None)
+        client.idle.pop(connection, None)
+        self.stats.connections_open = len(self.connections)
+        self._release(client)
+
+    def _release(self, client: _Client) -> None:
+        """Drop an address's record once nothing of it is left (its slots included: a client
+        that closes its connections still holds the slots their work runs in)."""
+        if not client.connections and not client.running and not client.waiting:
+            if self.clients.get(client.address) is client:
+                del self.clients[client.address]
 
     def answer_inline(self, request: Request) -> Response | Route:
         """The response for a request that needs no worker, or the route that does."""
-        if request.method != "GET":
-            return Response(405, "text/plain; charset=utf-8", b"only GET\n", (("Allow", "GET"),))
+        if request.method not in ALLOWED_METHODS:
+            return Response(405, "text/plain; charset=utf-8", b"only GET and HEAD\n", (("Allow", "GET, HEAD"),))
         route = self.routes.get(request.path)
         if route is None:
             return _plain(404, "not found\n")
@@ -307,36 +457,85 @@ class BoundedHTTPServer:
     def call(self, route: Route, request: Request) -> Response:
         try:
             return route.handler(request)
-        except Exception:
-            log.exception("%s: %s %s failed", self.name, request.method, request.path)
+        except Exception as exc:
+            _log_failure(self.name, f"{request.method} {request.path}", exc)
             return _plain(500, "internal error (logged)\n")
 
     def run_work(self, work: Callable[[], Response], request: Request) -> Response:
         """On a worker thread."""
         try:
             return work()
-        except Exception:
-            log.exception("%s: %s %s failed", self.name, request.method, request.path)
+        except Exception as exc:
+            _log_failure(self.name, f"{request.method} {request.path}", exc)
             return _plain(500, "internal error (logged)\n")
 
+    def parsed(self, head: bytes) -> tuple[Head, bool]:
+        """``parse_head(head)``, and whether it came from the kept heads."""
+        known = self.kept_heads.get(head)
+        if known is not None:
+            return known, True
+        return parse_head(head), False
+
+    def keep(self, head: bytes, parsed: Head) -> None:
+        """Keep a head its route answered 200 (bounded in bytes: see KEPT_HEADS_BYTES)."""
+        if len(head) > MAX_KEPT_HEAD or head in self.kept_heads:
+            return
+        kept = self.kept_heads
+        kept[head] = parsed._replace(headers=MappingProxyType(parsed.headers))  # shared: read-only
+        self.kept_heads_bytes += len(head) + KEPT_HEAD_OVERHEAD
+        while self.kept_heads_bytes > KEPT_HEADS_BYTES:
+            oldest, _ = kept.popitem(last=False)
+            self.kept_heads_bytes -= len(oldest) + KEPT_HEAD_OVERHEAD
+
+    def may_start(self, client: _Client) -> bool:
+        return self.free_slots > 0 and client.running < self.max_client_slots
+
     def start_waiting(self) -> None:
-        """Give free slots to the oldest waiting work (on the loop)."""
-        while self.free_slots > 0 and self.waiting:
-            connection, ticket = self.waiting.popleft()
-            if connection.ticket is ticket:
-                connection.start_work()
+        """Give free slots to waiting work, one address after another (on the loop). Never
+        entered twice: work answered at once frees its slot inside ``start_work``, and the loop
+        here, not a nested call, gives that slot on (600 such answers would otherwise nest 600
+        calls deep and break the interpreter's recursion limit half-way, losing slots)."""
+        if self._starting:
+            return
+        self._starting = True
+        try:
+            while self.free_slots > 0 and self.waiting:
+                started = False
+                for _ in range(len(self.waiting)):
+                    if self.free_slots <= 0:
+                        break
+                    client, _ = self.waiting.popitem(last=False)
+                    if not client.waiting:
+                        continue
+                    if client.running >= self.max_client_slots:
+                        self.waiting[client] = None  # its turn comes when one of its slots frees
+                        continue
+                    connection, _ = client.waiting.popitem(last=False)
+                    if client.waiting:
+                        self.waiting[client] = None  # to the back of the round
+                    started = True
+                    try:
+                        connection.start_work()
+                    except Exception as exc:  # the server's own bug: that connection, not the loop
+                        _log_failure(self.name, "starting work", exc)
+                        connection.abort()
+                if not started:
+                    break
+        finally:
+            self._starting = False
 
 
 class _Connection:
     """One client connection on a non-blocking socket: read a head (within read_timeout),
     answer, repeat (keep-alive). Every method runs on the loop's thread."""
 
-    def __init__(self, server: BoundedHTTPServer, sock: socket.socket, client: str):
+    def __init__(self, server: BoundedHTTPServer, sock: socket.socket, client: _Client, name: str):
         self.server = server
         self.loop = server.loop
         self.sock = sock
         self.fd = sock.fileno()
-        self.client = client
+        self.client_record = client
+        self.client = name
         self.buffer = b""
         self.busy = False          # a request is being answered: not evictable, not taking a new one
         self.closed = False
@@ -346,11 +545,12 @@ class _Connection:
         self.out = b""             # the part of an answer the socket had no room for yet
         self.close_when_sent = False
         self.work: tuple[Route, Request] | None = None  # admitted work not yet answered
-        self.ticket: object | None = None   # set while that work waits for a slot
         self.running = False                # that work holds a slot
         self.shed_timer = None
         self.keep_alive = True
         self.keep_alive_after = True   # False once the client has half-closed
+        self.with_body = True          # False for HEAD
+        self.head: tuple[bytes, Head] | None = None  # a head just parsed: kept if answered 200
 
     def start(self) -> None:
         self._read_on()
@@ -460,8 +660,7 @@ class _Connection:
             self.out = b""
             self.loop.remove_writer(self.fd)
         self.sock.close()
-        if self.ticket is not None:  # still waiting for a slot: it never runs
-            self._unqueue()
+        if self._unqueue():  # still waiting for a slot: it never runs
             self.work = None
             self.server.stats.work_admitted -= 1
         self.server.forget(self)
@@ -470,7 +669,7 @@ class _Connection:
     def _wait_for_head(self, timeout: float, counted: bool):
         self.busy = False
         self.reading_head = bool(self.buffer)
-        self.server.evictable[self] = None
+        self.client_record.idle[self] = None
         if self.out:  # the client has not read its last answer yet: it gets read_timeout to do so
             self._arm(self.server.read_timeout, counted=False)
             return
@@ -487,25 +686,30 @@ class _Connection:
             self._try_request()
 
     def _try_request(self):
-        end = self.buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.buffer) > MAX_HEAD_BYTES:
-                self._fail(431, "request head too large")
-            return
-        if end > MAX_HEAD_BYTES:
-            self._fail(431, "request head too large")
-            return
-        head, self.buffer = self.buffer[:end], self.buffer[end + 4:]
         try:
-            method, path, query, headers, keep_alive = self.server.parsed(head)
+            self._take_request()
+        except Exception as exc:  # the server's own bug: one line, a 500, this connection closed
+            _log_failure(self.server.name, "reading a request", exc)
+            if not self.closed and not self.busy:
+                self._fail(500, "internal error (logged)")
+
+    def _take_request(self):
+        try:
+            length = head_length(self.buffer)
+            if not length:
+                return
+            head, self.buffer = self.buffer[:length], self.buffer[length:]
+            parsed, kept = self.server.parsed(head)
         except _BadRequest as bad:
             self._fail(bad.status, bad.text)
             return
         self._disarm()
         self.busy, self.reading_head = True, False
-        self.server.evictable.pop(self, None)
-        self.keep_alive = keep_alive
-        request = Request(method, path, query, headers, time.monotonic(), self.client)
+        self.client_record.idle.pop(self, None)
+        self.keep_alive = parsed.keep_alive
+        self.with_body = parsed.method != "HEAD"
+        self.head = None if kept else (head, parsed)
+        request = Request(parsed.method, parsed.path, parsed.query, parsed.headers, time.monotonic(), self.client)
         answer = self.server.answer_inline(request)
         if isinstance(answer, Response):
             self._respond(answer)
@@ -513,22 +717,23 @@ class _Connection:
             self._submit(answer, request)
 
     def _submit(self, route: Route, request: Request):
-        server = self.server
+        server, client = self.server, self.client_record
         server.stats.work_admitted += 1
         self.work = (route, request)
-        if server.free_slots > 0 and not server.waiting:
+        if server.may_start(client) and not client.waiting:
             self.start_work()
             return
         wait = max(0.0, route.start_within(request) - (time.monotonic() - request.received))
-        self.ticket = object()
-        server.waiting.append((self, self.ticket))
+        client.waiting[self] = None
+        server.waiting[client] = None
         self.shed_timer = self.loop.call_later(wait, self._shed)
 
-    def _unqueue(self):
-        self.ticket = None
+    def _unqueue(self) -> bool:
+        """Out of the waiting work; True if it was waiting."""
         if self.shed_timer is not None:
             self.shed_timer.cancel()
             self.shed_timer = None
+        return self.client_record.waiting.pop(self, 0) is None
 
     def start_work(self):
         """A slot is free: the work starts, on the loop (``on_loop``) or a worker."""
@@ -536,6 +741,7 @@ class _Connection:
         server = self.server
         route, request = self.work
         server.free_slots -= 1
+        self.client_record.running += 1
         server.stats.work_running += 1
         self.running = True
         if route.on_loop is None:
@@ -543,8 +749,8 @@ class _Connection:
             return
         try:
             route.on_loop(request, self._reply)
-        except Exception:
-            log.exception("%s: %s %s failed", server.name, request.method, request.path)
+        except Exception as exc:
+            _log_failure(server.name, f"{request.method} {request.path}", exc)
             self._reply(_plain(500, "internal error (logged)\n"))
 
     def _reply(self, answer):
@@ -561,43 +767,49 @@ class _Connection:
     def _shed(self):
         """No slot came free within the route's wait: the work never runs; answer overloaded."""
         self.shed_timer = None
-        if self.ticket is None:
+        if not self._unqueue() or self.work is None:
             return
         route, request = self.work
-        self._unqueue()
         self.work = None
         self.server.stats.work_admitted -= 1
         self.server.stats.shed += 1
         if not self.closed:
             try:
                 response = route.overloaded(request)
-            except Exception:
-                log.exception("%s: overloaded answer failed", self.server.name)
+            except Exception as exc:
+                _log_failure(self.server.name, "overloaded answer", exc)
                 response = _plain(503, "overloaded\n")
             self._respond(response)
 
     def _finished(self, job):
         try:
             response = job.result()
-        except Exception:  # run_work answers 500 for a route's errors; this is the server's own
-            log.exception("%s: worker failed", self.server.name)
+        except Exception as exc:  # run_work answers 500 for a route's errors; this is the server's own
+            _log_failure(self.server.name, "worker", exc)
             response = _plain(500, "internal error (logged)\n")
         self._work_done(response)
 
     def _work_done(self, response: Response):
-        server = self.server
+        server, client = self.server, self.client_record
         self.running = False
         self.work = None
         server.free_slots += 1
+        client.running -= 1
         server.stats.work_running -= 1
         server.stats.work_admitted -= 1
-        server.start_waiting()
         if not self.closed:
             self._respond(response)
+        else:
+            server._release(client)
+        server.start_waiting()
 
     def _respond(self, response: Response):
+        if self.head is not None:
+            if response.status == 200:
+                self.server.keep(*self.head)
+            self.head = None
         self.keep_alive = self.keep_alive and (self.keep_alive_after or self._request_waiting())
-        self._send(encode(response, self.keep_alive))
+        self._send(encode(response, self.keep_alive, self.with_body))
         if not self.keep_alive:
             self.close()
             return
@@ -605,6 +817,7 @@ class _Connection:
 
     def _fail(self, status: int, text: str):
         self.server.stats.dropped["bad_request"] += 1
+        log.debug("%s: %s from %s", self.server.name, text, self.client)
         self._send(encode(_plain(status, text + "\n"), keep_alive=False))
         self.close()
 

@@ -341,25 +341,6 @@ def test_pipelined_requests_are_all_answered_in_order(exporter_with):
     assert received.count(b"HTTP/1.1 404") == count
 
 
-def test_the_server_keeps_bounded_parsed_heads(monkeypatch):
-    """Each distinct request head is parsed once and kept, but never more than KEPT_HEADS of
-    them, and never one longer than MAX_KEPT_HEAD: a client cannot fill memory with heads."""
-    from hangwatch.exporter import httpserver
-    monkeypatch.setattr(httpserver, "KEPT_HEADS", 3)
-    server = httpserver.BoundedHTTPServer(("127.0.0.1", 0), {})
-    try:
-        for i in range(10):
-            server.parsed(f"GET /probe?target=http://127.0.0.1:{i} HTTP/1.1\r\nHost: x".encode())
-        assert len(server.heads) == 3
-        server.parsed(b"GET /" + b"x" * httpserver.MAX_KEPT_HEAD + b" HTTP/1.1\r\nHost: x")
-        assert all(len(head) <= httpserver.MAX_KEPT_HEAD for head in server.heads)
-        with pytest.raises(httpserver._BadRequest):
-            server.parsed(b"GARBAGE")
-        assert b"GARBAGE" not in server.heads
-    finally:
-        server.server_close()
-
-
 def test_the_loop_pool_shrinks_to_what_the_descriptor_limit_leaves(monkeypatch):
     """A kept idle connection must never cost a probe its socket."""
     from hangwatch.exporter import server as exporter_server
