@@ -38,7 +38,8 @@ import yaml
 
 from hangwatch.rules.render import Settings, format_duration, write
 
-from .observations import exported_samples, observation_for, series_name
+from .observations import exported_samples, series_name
+from .served import served
 from .scenarios import ALERTS, EVAL_SHARE, ROOT, STATES, TARGET_LABELS, Scenario, load_all
 
 STATE_RECORD = "target:hangwatch_backend_state:current"
@@ -160,8 +161,8 @@ def _values(points: dict[int, str], last: int) -> str:
 def input_series(scenario: Scenario, timing: Timing) -> list[dict]:
     jitters = timing.jitters(f"{scenario.name} {timing.variant.name}", len(scenario.steps))
     per_step = []
-    for step, jitter in zip(scenario.steps, jitters):
-        observation = observation_for(step, scenario.module, scenario.engine)
+    for step, jitter, seen in zip(scenario.steps, jitters, served(scenario.name)):
+        observation = seen.observation
         samples = exported_samples(observation, scenario.module, TARGET_LABELS, scraped=step.status != "absent")
         per_step.append((timing.reading_at(step.index, jitter) // timing.step, samples))
     names = sorted({name for _, samples in per_step for name in samples})
