@@ -10,6 +10,8 @@ flight, never to a target set to ``probe: none``.
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hangwatch.fetch import Client, Deadline
@@ -93,3 +95,26 @@ def test_asleep_at_the_second_reading_is_never_probed():
 def test_probe_none_reads_once_and_never_probes():
     observation, calls = observe(IDLE, options=Options(probe=PROBE_NONE))
     assert calls == ["read"] and observation.probe is None
+
+
+def test_a_kv_gauge_falling_between_the_two_readings_is_work_and_gets_no_probe():
+    """A gauge moves both ways (the KV cache empties as requests finish): either way is work."""
+    before = Reading(**{**IDLE.__dict__, "kv_cache_usage": 0.5})
+    after = Reading(**{**IDLE.__dict__, "kv_cache_usage": 0.4})
+    observation, calls = observe(before, after)
+    assert calls == ["read", "read"] and observation.probe is None
+
+
+def test_the_second_reading_comes_the_confirmation_interval_after_the_first():
+    """The interval is the rule's point (a request still being received shows only later): the
+    two readings are at least most of ``IDLE_CONFIRM_S`` apart (a lower bound: safe on a loaded
+    machine)."""
+    from hangwatch.observe import IDLE_CONFIRM_S
+    times: list[float] = []
+    read, probe, calls = scripted(IDLE, IDLE)
+
+    def timed(*args):
+        times.append(time.monotonic())
+        return read(*args)
+    observe_load(Client(), "http://127.0.0.1:9", Deadline.after(2), Options(), read=timed, probe=probe)
+    assert len(times) == 2 and times[1] - times[0] >= IDLE_CONFIRM_S * 0.9

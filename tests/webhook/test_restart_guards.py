@@ -77,3 +77,26 @@ def test_a_torn_tail_after_a_restart_still_holds_the_cooldown_for_the_next_webho
     second.settle()
     assert len(second.restarter.restarts) == 1
     assert [d["reason"] for d in second.decisions()] == ["hung", "cooldown", "cooldown"]
+
+
+def test_a_dry_run_restart_is_not_a_restart_in_the_ledger(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    try:
+        ledger.append({"event": "restart", "at": 1_800_000_000.0, "target": "vllm-a", "dry_run": True})
+        assert ledger.last_restart("vllm-a") is None and ledger.restarts_since(0) == []
+    finally:
+        ledger.close()
+
+
+def test_after_a_dry_run_the_real_webhook_restarts_without_a_cooldown(harness, tmp_path):
+    """Trying hangwatch in dry_run first must not hold back the first real restart."""
+    trial = harness(state_dir=tmp_path / "state", dry_run=True)
+    trial.post(payload(trial.alert()))
+    trial.settle()
+    assert trial.restarter.restarts == [] and reasons(trial) == [("restart", "hung")]
+    trial.close()
+    real = harness(state_dir=tmp_path / "state", clock=trial.clock)
+    real.clock.advance(60)
+    real.post(payload(real.alert()))
+    real.settle()
+    assert len(real.restarter.restarts) == 1
