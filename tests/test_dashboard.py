@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,9 @@ def tsc_errors(npm_check, tmp_path_factory) -> dict[str, list[str]]:
         dashboard = copy.deepcopy(load(DASHBOARDS[0]))
         mistake(dashboard)
         (sources / f"broken-{name}.json").write_text(json.dumps(dashboard))
-    out = CHECK / ".checked"  # inside grafana/check so @grafana/schema resolves; removed afterwards
+    # Inside grafana/check so @grafana/schema resolves; a folder of this run's own (two xdist
+    # workers each build one), removed afterwards.
+    out = Path(tempfile.mkdtemp(prefix=".checked-", dir=CHECK))
     try:
         subprocess.run(["node", "gen.mjs", str(sources), str(out)], cwd=CHECK, check=True, timeout=60)
         (out / "tsconfig.json").write_text(json.dumps({"extends": "../tsconfig.json",

@@ -129,7 +129,7 @@ def observations(readings_at: list[tuple[float, Reading]]) -> list[Observation]:
     (sglang_page(), "sglang"),
     (tgi_page(), "tgi"),
     (tgi_page(fresh=True), "tgi"),
-])
+], ids=["sglang", "tgi", "tgi-fresh"])  # names: a page holds *_created times made at collection
 def test_engine_is_detected_from_the_page(page, engine):
     assert detect_engine(page).name == engine
     assert parse(page).engine == engine
@@ -144,7 +144,7 @@ def test_captured_llamacpp_pages_are_detected():
     "# TYPE http_requests_total counter\nhttp_requests_total 3\n",
     "# TYPE ollama_whatever gauge\nollama_whatever 1\n",
     "",
-])
+], ids=["generic-counter", "ollama-gauge", "empty"])
 def test_an_unknown_page_is_blind_never_guessed(page):
     with pytest.raises(UnreadablePage, match="no known engine"):
         parse(page)
@@ -404,7 +404,7 @@ def backend():
     ("sglang", sglang_page(), ("hangwatch_process_start_time_seconds", "hangwatch_prefix_cache_queries_total")),
     ("tgi", tgi_page(), ("hangwatch_process_start_time_seconds", "hangwatch_kv_cache_usage_ratio",
                          "hangwatch_prefix_cache_queries_total")),
-])
+], ids=["llamacpp", "sglang", "tgi"])  # names: the pages hold *_created times made at collection
 def test_exporter_series_are_normalized_for_every_engine(backend, engine, page, absent):
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families

@@ -148,7 +148,7 @@ def test_concurrent_calls_for_one_target_share_one_check(exporter, sim):
     assert sim.inference_requests == 2, "each call sent its own probes"
     assert {(endpoint, answer.status_code) for endpoint, answer, _ in answers} == {("livez", 503), ("readyz", 503)}
     assert sorted(answer.json()["shared"] for _, answer, _ in answers) == [False] + [True] * 7
-    assert all(seconds < BUDGET + 0.5 for _, _, seconds in answers)
+    assert all(seconds < BUDGET * 3 for _, _, seconds in answers)  # at the budget (generously), not after it
 
 
 def test_shared_check_that_overruns_answers_at_its_deadline_and_is_never_doubled():
@@ -162,10 +162,11 @@ def test_shared_check_that_overruns_answers_at_its_deadline_and_is_never_doubled
     checks = SharedChecks(run, budget=0.3)
     started = time.monotonic()
     assert checks.result("http://a:1", "backend") == (None, False)
-    assert 0.25 < time.monotonic() - started < 1.0
+    waited = time.monotonic() - started
+    assert 0.25 < waited < 5.0  # its budget, not the 10 s the check is held
     late = time.monotonic()
     assert checks.result("http://a:1", "backend") == (None, True)  # still running: no second check
-    assert time.monotonic() - late < 0.1
+    assert time.monotonic() - late < 5.0 and len(calls) == 1
     assert liveness(None).ok and not readiness(None).ok
     release.set()
     deadline = time.monotonic() + 5
@@ -239,7 +240,7 @@ def test_check_liveness_exits_one_for_hung_within_its_budget(sim, capsys):
     started = time.monotonic()
     code, body = liveness_exit(sim.url, capsys)
     assert (code, body["verdict"]) == (1, "hung")
-    assert time.monotonic() - started < needed_budget(0.3, 0.3) + 0.5
+    assert time.monotonic() - started < needed_budget(0.3, 0.3) * 2  # its budget, generously
 
 
 def test_readiness_and_liveness_of_a_complete_check_follow_the_verdict():

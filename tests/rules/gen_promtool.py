@@ -38,7 +38,8 @@ import yaml
 
 from hangwatch.rules.render import Settings, format_duration, write
 
-from .observations import exported_samples, observation_for, series_name
+from .observations import exported_samples, series_name
+from .served import served
 from .scenarios import ALERTS, EVAL_SHARE, ROOT, STATES, TARGET_LABELS, Scenario, load_all
 
 STATE_RECORD = "target:hangwatch_backend_state:current"
@@ -162,8 +163,8 @@ def input_series(scenario: Scenario, timing: Timing) -> list[dict]:
     factor = timing.scrape / (scenario.scrape_interval * 1000)  # shrunk rules: the target's window shrinks too
     own_window = None if scenario.target_stall_window is None else scenario.target_stall_window * factor
     per_step = []
-    for step, jitter in zip(scenario.steps, jitters):
-        observation = observation_for(step, scenario.module, scenario.engine)
+    for step, jitter, seen in zip(scenario.steps, jitters, served(scenario.name)):
+        observation = seen.observation
         samples = exported_samples(observation, scenario.module, TARGET_LABELS, scraped=step.status != "absent",
                                    stall_window=own_window)
         per_step.append((timing.reading_at(step.index, jitter) // timing.step, samples))

@@ -18,8 +18,9 @@ Step fields (see tests/scenarios/README.md for the full format):
   calls); those three ``null`` by default.
 - ``stall_window`` (scenario): the rules' window for every engine, as ``hangwatch rules
   --stall-window``; ``target_stall_window``: the target's own, as the exporter config's.
-- ``probe``: ``ok`` / ``fail`` / ``rejected`` (a 4xx); by default a probe is sent and
-  answers exactly when the exporter would send one (status ok, nothing in flight, not asleep).
+- ``probe``: ``ok`` / ``fail`` / ``rejected`` (a 4xx): how the served engine answers the idle
+  probe (``ok`` when not given), and — when given — that production's observer must send one
+  at this step (tests/rules/served.py sees it arrive at the server).
 - ``expect``: the verdict of both engines after this step (``none`` for gap/absent steps).
   ``expect_promql`` (with ``why``) where the PromQL state necessarily differs in timing.
 - ``alerts``: the alert names firing at this step's evaluation time (default none).
@@ -67,7 +68,8 @@ class Step:
     index: int
     status: str
     values: dict            # reading fields (None = not provided by the engine)
-    probe: str | None       # answered | failed | rejected; None: no probe sent
+    declared_probe: str | None  # the step's ``probe:`` (ok | fail | rejected): how a probe is answered,
+                                # and that one must reach the server; None: answered ok, if one comes
     expect: str             # a verdict, or "none"
     expect_promql: str
     why: str
@@ -171,15 +173,12 @@ def load(path: Path) -> Scenario:
         if "HangwatchBackendHung" in alerts and not expect == expect_promql == "hung":
             raise ScenarioError(f"{at}.alerts: the restart alert fires only where both verdicts are hung")
         probe_field = raw.get("probe")
-        in_flight = (values.get("running") or 0) + (values.get("waiting") or 0)
-        would_probe = status == "ok" and module == "backend" and in_flight == 0 and not values.get("asleep")
-        if probe_field is not None and not would_probe:
-            raise ScenarioError(f"{at}.probe: the exporter sends no probe here")
         if probe_field is not None and probe_field not in PROBE_ENDINGS:
             raise ScenarioError(f"{at}.probe: {probe_field!r} not one of {sorted(PROBE_ENDINGS)}")
-        probe = None if not would_probe else PROBE_ENDINGS[probe_field or "ok"]
+        # Whether a probe goes out is not decided here: tests/rules/served.py observes each step
+        # through production's observer and sees the probe arrive (or not) at the server.
         for _ in range(int(raw.get("repeat", 1))):
-            steps.append(Step(len(steps), status, dict(values), probe, expect, expect_promql,
+            steps.append(Step(len(steps), status, dict(values), probe_field, expect, expect_promql,
                               raw.get("why", ""), alerts, scrape))
     checks = tuple((_seconds(c["at"]), tuple(c.get("alerts", ()))) for c in data.get("alert_checks", ()))
     windows = {key: _seconds(data[key]) if key in data else None for key in ("stall_window", "target_stall_window")}

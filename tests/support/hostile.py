@@ -64,9 +64,16 @@ class HostileServer(SocketServer):
         self.modes, self.body, self.gap, self.chunk, self.content_type = modes, body, gap, chunk, content_type
         self.bodies = bodies or {}
         self.requests: list[tuple[str, str]] = []
+        self.closed = 0  # connections this server has closed (a test waits on it, never sleeps)
         super().__init__()
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._answer(conn)
+        finally:
+            self.closed += 1
+
+    def _answer(self, conn: socket.socket) -> None:
         conn.settimeout(5)
         try:
             with conn:

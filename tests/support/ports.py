@@ -30,9 +30,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Sockets bound by closed_port(), held open (never listening) until the test process ends.
+_HELD: list[socket.socket] = []
+
+
 def closed_port() -> int:
-    """A loopback port nothing listens on (connection refused), for "down" tests."""
-    return free_port()
+    """A loopback port nothing listens on and nothing else can take: connection refused.
+
+    The port stays bound — but never listening — by a socket this process holds until it
+    exits. A connect() to a bound, non-listening TCP port is refused (RST), and no other
+    process (another xdist worker, a client's ephemeral port) can bind it meanwhile: a port
+    freed by closing it could be taken before the "refused" test connects."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    _HELD.append(sock)
+    return sock.getsockname()[1]
 
 
 def address_in_use(log_text: str) -> bool:

@@ -6,6 +6,9 @@ import json
 import logging
 import time
 
+from hangwatch.webhook.lookups import SLOTS
+from tests.support.wait import wait_until
+
 from .fakes import FakeClock, FakeRestarter, auth, iso, payload
 
 HOSTS = {"gpu-2": {"url": "tcp://gpu-2.example:2375", "insecure_tcp": True}}
@@ -98,13 +101,15 @@ def test_a_host_that_hangs_never_delays_another_hosts_lookups(harness):
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         stuck = [pool.submit(h.app.test_client().post, "/alerts", json=payload(alert(h, "there")), headers=auth())
                  for _ in range(6)]
-        time.sleep(0.2)  # the hung host's lookups are under way
+        # the hung host's lookups are under way: every slot of its pool is held
+        wait_until(lambda: len(there.gets) >= SLOTS, 5, "the hung host's lookups to fill its slots", interval=0.01)
         started = time.monotonic()
         answer = h.post(payload(alert(h, "here")))
         took = time.monotonic() - started
         codes = [f.result(timeout=10).status_code for f in stuck]
     assert answer.status_code == 200 and answer.get_json()["queued"] == ["here"]
-    assert took < 0.5, f"the healthy host's alert waited {took:.2f}s"
+    # Waiting behind the hung host would cost its whole 3 s silence: half of it is a generous bound.
+    assert took < there.delay / 2, f"the healthy host's alert waited {took:.2f}s"
     assert codes == [503] * 6
     h.settle()
     assert here.restarts == [("vllm", 30)] and there.restarts == []
