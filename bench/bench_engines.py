@@ -17,6 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_reading import full_parse, per_call  # noqa: E402
+
 from hangwatch.engines import detect_engine  # noqa: E402
 from hangwatch.reading import UnreadablePage, parse  # noqa: E402
 from tests.test_engines import sglang_page, tgi_page  # noqa: E402

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from processes import Exporter, Fleet, raise_fd_limit  # noqa: E402
 from procstat import loadavg, sample  # noqa: E402
+
 from tests.support.ports import free_port  # noqa: E402
 from tests.support.processes import Process  # noqa: E402
 

@@ -42,8 +42,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.soak_chain import (Sleeper, Webhook, ensure_docker, stack_alive, stack_notifications,  # noqa: E402
-                              stack_processes, start_stack)
+from bench.soak_chain import (  # noqa: E402
+    Sleeper,
+    Webhook,
+    ensure_docker,
+    stack_alive,
+    stack_notifications,
+    stack_processes,
+    start_stack,
+)
 from bench.soak_load import InFlight, Load, NaiveWatchdog  # noqa: E402
 from bench.soak_proxy import RecordingProxy  # noqa: E402
 from bench.soak_stats import Sampler, cpu_seconds, machine_cpu, read_sample, spread, windows  # noqa: E402

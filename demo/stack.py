@@ -26,7 +26,8 @@ import requests
 import yaml
 
 from tests.support.processes import Process, start_server
-from tests.support.stack import EXAMPLES, Stack as Chain
+from tests.support.stack import EXAMPLES
+from tests.support.stack import Stack as Chain
 
 TARGET = "vllm-sim"          # the `target` label and the webhook's target name
 CONTAINER = "vllm-sim"       # the `container` label: the stand-in container the webhook may restart

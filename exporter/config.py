@@ -11,8 +11,18 @@ from typing import Any
 from hangwatch import liveness
 from hangwatch.modules import MODULES
 from hangwatch.observation import PROBE_AUTO, PROBE_KINDS, PROBE_NONE, Options
-from hangwatch.settings import (ConfigError, boolean, duration, http_url, load_yaml, mapping, optional_duration,
-                                secret_file, show, string)
+from hangwatch.settings import (
+    ConfigError,
+    boolean,
+    duration,
+    http_url,
+    load_yaml,
+    mapping,
+    optional_duration,
+    secret_file,
+    show,
+    string,
+)
 
 __all__ = ["ConfigError", "ExporterConfig", "TargetSettings", "exporter_config", "load_exporter_config"]
 

@@ -33,8 +33,20 @@ from collections import OrderedDict
 from typing import Callable
 from urllib.parse import urlsplit
 
-from hangwatch.fetch import (BROKEN, HTTP_ERROR, MAX_ERROR_BODY, MAX_PAGE_BYTES, OK, REFUSED, TIMEOUT, TOO_LARGE,
-                    UNREACHABLE, USER_AGENT, Deadline, Fetched)
+from hangwatch.fetch import (
+    BROKEN,
+    HTTP_ERROR,
+    MAX_ERROR_BODY,
+    MAX_PAGE_BYTES,
+    OK,
+    REFUSED,
+    TIMEOUT,
+    TOO_LARGE,
+    UNREACHABLE,
+    USER_AGENT,
+    Deadline,
+    Fetched,
+)
 
 MAX_LINE = 65536       # http.client's _MAXLINE
 MAX_HEADER_LINES = 100  # http.client's _MAXHEADERS (the blank line counts)

@@ -57,12 +57,12 @@ from hangwatch.probe import send_probe
 from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
 from . import evloop
+from . import query as queries
 from .collector import BackendCollector, render_series
 from .config import ExporterConfig, load_exporter_config
 from .forensics import LivezCaptures, forensics_route
 from .health import answer_health, shared_checks
 from .httpserver import BoundedHTTPServer, Request, Response, Route
-from . import query as queries
 from .loopfetch import LoopClient
 from .query import Asked, Refused
 from .reuse import VersionCache

@@ -25,7 +25,7 @@ import time
 from typing import Callable
 
 from .fetch import OK, TIMEOUT, Client, Deadline, Fetched
-from .observation import (ANSWERED, BLIND, PROBE_ANSWERED, PROBE_FAILED, Observation, Options, ProbeResult)
+from .observation import ANSWERED, BLIND, PROBE_ANSWERED, PROBE_FAILED, Observation, Options, ProbeResult
 from .observe import not_answered, observe_load
 from .probe import outcome_of
 from .reading import Reading

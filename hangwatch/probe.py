@@ -22,8 +22,16 @@ from __future__ import annotations
 import json
 
 from .fetch import HTTP_ERROR, OK, TOO_LARGE, Client, Deadline, Fetched
-from .observation import (PROBE_ANSWERED, PROBE_AUTO, PROBE_COMPLETION, PROBE_EMBEDDING, PROBE_FAILED,
-                          PROBE_REJECTED, Options, ProbeResult)
+from .observation import (
+    PROBE_ANSWERED,
+    PROBE_AUTO,
+    PROBE_COMPLETION,
+    PROBE_EMBEDDING,
+    PROBE_FAILED,
+    PROBE_REJECTED,
+    Options,
+    ProbeResult,
+)
 
 MAX_ANSWER = 1 << 20
 _NO_SUCH_ROUTE = (404, 405)

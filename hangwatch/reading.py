@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from .engines import COUNTER_FIELDS, ENGINES_BY_NAME, EngineMetrics, detect_engine
 
-
 # A page is untrusted input: at most this many model names are taken from it, each cut to this
 # many characters (a real server serves a handful; 50,000 names would be 50,000 series).
 MAX_MODELS = 32

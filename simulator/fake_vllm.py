@@ -47,10 +47,10 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .quiet import QuietThreadingHTTPServer
 from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address, secret_file
 
 from . import page as simulator_page
+from .quiet import QuietThreadingHTTPServer
 
 VLLM_VERSION = "0.32.0"
 CONTENT_TYPE_METRICS = "text/plain; version=1.0.0; charset=utf-8"  # what vLLM 0.32 answers (prometheus_client 0.26)

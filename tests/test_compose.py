@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from hangwatch.exporter.config import load_exporter_config
-from tests.support.require import require_binary
 from hangwatch.webhook.config import load_config as load_webhook_config
+from tests.support.require import require_binary
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

@@ -265,7 +265,8 @@ def _series(names: tuple[str, ...], counter: bool = False) -> str:
     if not names:
         return "—"
     # The Rust metrics crate (TGI) adds no _total to counters; prometheus_client and llama.cpp do.
-    suffix = lambda n: counter and not n.startswith("tgi_") and not n.endswith(("_count", "_sum", "_bucket"))
+    def suffix(n):
+        return counter and not n.startswith("tgi_") and not n.endswith(("_count", "_sum", "_bucket"))
     shown = [n + "_total" if suffix(n) else n for n in names]
     return " or ".join(f"`{n}`" for n in shown)
 

@@ -28,7 +28,6 @@ from tests.support.pages import Page, PageServer, closed_port
 from tests.test_exporter import probe, samples, start_exporter
 from tests.test_reading import VLLM_TWO_ENGINES
 
-
 MAX_MODELS, MAX_MODEL_NAME = 32, 128  # documented in docs/configuration.md
 
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-import requests
 
 from hangwatch import fastchat
 from hangwatch.check import MODULES, check

@@ -11,8 +11,8 @@ vLLM's own port, and leave the Deployments it does not watch untouched.
 from __future__ import annotations
 
 import copy
-import re
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,7 +26,7 @@ from hangwatch.exporter.config import exporter_config
 from hangwatch.exporter.query import Asked, asked
 from hangwatch.rules.render import Settings
 from tests.support.kubectl import kustomize, pinned_kubectl
-from tests.test_kubernetes_manifests import k8s_validate, operator_check  # noqa: F401 (fixture)
+from tests.test_kubernetes_manifests import k8s_validate, operator_check  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBE = ROOT / "deploy" / "kubernetes"

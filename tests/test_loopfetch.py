@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch.fetch import OK, REFUSED, TIMEOUT, Client, Deadline
 from hangwatch.exporter.evloop import Loop
 from hangwatch.exporter.loopfetch import LoopClient
+from hangwatch.fetch import OK, REFUSED, TIMEOUT, Client, Deadline
 from tests.support.hostile import HostileServer, SocketServer
 from tests.support.pages import Page, PageServer
 from tests.support.wait import wait_until

@@ -16,8 +16,8 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hangwatch.exporter.collector import render_series, series_for
 from hangwatch.engines import ENGINES
+from hangwatch.exporter.collector import render_series, series_for
 from hangwatch.observation import Observation
 from hangwatch.reading import Reading
 from hangwatch.verdict import progress, progress_fingerprint

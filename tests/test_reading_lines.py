@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hangwatch.reading import _PLANS, NAME_CHARS, parse, UnreadablePage, wanted_lines
+from hangwatch.reading import _PLANS, NAME_CHARS, UnreadablePage, parse, wanted_lines
 
 DATA = Path(__file__).parent / "data"
 PAGES = sorted(DATA.glob("**/*.prom"))

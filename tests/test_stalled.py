@@ -163,7 +163,8 @@ def test_a_bad_rules_stall_window_is_usage_exit_64(tmp_path, flag):
 
 def test_a_targets_own_stall_window_is_exported_for_that_target_only():
     from hangwatch.exporter.collector import render_series, series_for
-    from hangwatch.exporter.config import ConfigError as ExporterConfigError, exporter_config
+    from hangwatch.exporter.config import ConfigError as ExporterConfigError
+    from hangwatch.exporter.config import exporter_config
     config = exporter_config({"targets": [{"url": "http://127.0.0.1:8000", "stall_window": "90s"}]})
     assert config.options_for("http://127.0.0.1:8000").stall_window == 90
     assert config.options_for("http://127.0.0.1:8001").stall_window is None

@@ -1,6 +1,5 @@
 """The truth table as a pure function: observations over time → one verdict."""
-from hangwatch.observation import Observation
-from hangwatch.observation import ProbeResult
+from hangwatch.observation import Observation, ProbeResult
 from hangwatch.reading import Reading
 from hangwatch.verdict import judge
 

@@ -14,12 +14,21 @@ from dataclasses import dataclass, field
 
 from hangwatch.modules import MODULES as MODULE_TABLE
 from hangwatch.observation import PROBE_AUTO, PROBE_KINDS
-from hangwatch.settings import (ConfigError, boolean, http_url, load_yaml, mapping, optional_duration, secret_file,
-                                show, string, string_list)
+from hangwatch.settings import (
+    ConfigError,
+    boolean,
+    http_url,
+    load_yaml,
+    mapping,
+    optional_duration,
+    secret_file,
+    show,
+    string,
+    string_list,
+)
 
 from .hosts import DEFAULT_HOST, DockerHost, parse_docker_hosts, require_tls, resolve
 from .private import require_private
-
 
 TOKEN_ENV = "HANGWATCH_WEBHOOK_TOKEN"
 MIN_TOKEN_CHARS = 32  # secrets.token_urlsafe(32) gives 43; a short token can be guessed

@@ -40,11 +40,13 @@ def _source_tree_packages() -> None:
 
 
 try:
-    from hangwatch.rules.kubernetes import dump, prometheus_rules as rule_objects
+    from hangwatch.rules.kubernetes import dump
+    from hangwatch.rules.kubernetes import prometheus_rules as rule_objects
     from hangwatch.rules.render import TEMPLATES, Settings
 except ImportError:
     _source_tree_packages()
-    from hangwatch.rules.kubernetes import dump, prometheus_rules as rule_objects
+    from hangwatch.rules.kubernetes import dump
+    from hangwatch.rules.kubernetes import prometheus_rules as rule_objects
     from hangwatch.rules.render import TEMPLATES, Settings
 
 ROOT = Path(__file__).resolve().parents[2]

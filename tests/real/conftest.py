@@ -7,8 +7,8 @@ comes from ``.ci/setup-vllm.sh`` (``HANGWATCH_VLLM_VENV``, default
 """
 import pytest
 
-from tests.support.require import require
 from tests.real.vllm_server import VLLMServer, venv_path, venv_usable
+from tests.support.require import require
 
 
 @pytest.fixture(scope="package")

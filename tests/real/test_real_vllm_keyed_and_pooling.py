@@ -10,7 +10,6 @@ own counters (``http_requests_total{handler}`` and ``vllm:request_success_total`
 """
 import json
 import threading
-import time
 
 import pytest
 import requests

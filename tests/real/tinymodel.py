@@ -92,7 +92,7 @@ def build(directory: str) -> str:
     """Write the model directory (idempotent). Needs the ``tokenizers`` package."""
     if is_built(directory):
         return directory
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     os.makedirs(directory, exist_ok=True)
     tok = Tokenizer(models.WordLevel(vocab=vocab(), unk_token="<unk>"))

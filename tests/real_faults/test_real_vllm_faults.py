@@ -130,7 +130,7 @@ def test_decode_dead_with_prefill_alive_is_stalled_never_hung(faulty_vllm, tmp_p
     # dead decode and fail: hung, which is right, but not this test's case).
     clients = Clients(faulty_vllm.url, n=6, patience=2.0)
     try:
-        page = faulty_vllm.wait_until(lambda p: clients.gave_up >= 6, 60, what="clients giving up")
+        faulty_vllm.wait_until(lambda p: clients.gave_up >= 6, 60, what="clients giving up")
         before = faulty_vllm.metrics()
         code, plain = check(faulty_vllm.url)
         assert (code, plain["verdict"]) == (0, "busy"), plain

@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hangwatch.check import check
-from hangwatch.verdict import judge
 from hangwatch.exporter.collector import BackendCollector
+from hangwatch.verdict import judge
 from tests.real_llamacpp.llamacpp_server import SLOTS, metric
 
 pytestmark = pytest.mark.real

@@ -39,8 +39,8 @@ import yaml
 from hangwatch.rules.render import Settings, format_duration, write
 
 from .observations import exported_samples, series_name
-from .served import served
 from .scenarios import ALERTS, EVAL_SHARE, ROOT, STATES, TARGET_LABELS, Scenario, load_all
+from .served import served
 
 STATE_RECORD = "target:hangwatch_backend_state:current"
 RULE_NAMES = ("hangwatch-recording.yml", "hangwatch-alerts.yml")

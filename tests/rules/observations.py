@@ -10,6 +10,7 @@ from __future__ import annotations
 from hangwatch.exporter.collector import families_for
 from hangwatch.observation import Observation
 
+
 def series_name(name: str, labels: dict) -> str:
     return name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 

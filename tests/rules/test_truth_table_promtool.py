@@ -20,8 +20,7 @@ import yaml
 from hangwatch.rules.render import Settings
 from tests.support.require import require_binary
 
-from .gen_promtool import (BASELINE, PER_SEMANTICS, VARIANTS, Timing, promtool_test, rule_files, stall_windows,
-                           write_all)
+from .gen_promtool import BASELINE, PER_SEMANTICS, VARIANTS, Timing, promtool_test, rule_files, stall_windows, write_all
 from .scenarios import load_all
 
 SCENARIOS = load_all()

@@ -38,7 +38,8 @@ def series(metric: str, labels: dict, values: str) -> dict:
 def expected(name: str, labels: dict) -> dict:
     item = rule(name)
     merged = {**labels, **item["labels"]}
-    render = lambda text: re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: merged.get(m.group(1), ""), text)
+    def render(text):
+        return re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: merged.get(m.group(1), ""), text)
     return {"exp_labels": merged, "exp_annotations": {k: render(v) for k, v in item["annotations"].items()}}
 
 

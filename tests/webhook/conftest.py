@@ -3,8 +3,8 @@ import pytest
 from hangwatch.webhook.app import create_app
 from hangwatch.webhook.config import parse_config
 
-from .real_parts import backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 from .fakes import TOKEN, FakeClock, FakeRechecker, FakeRestarter, alert, iso
+from .real_parts import backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 
 
 def make_config(state_dir, **overrides):

@@ -4,7 +4,7 @@ import logging
 import threading
 import time
 
-from .fakes import TOKEN, FakeRechecker, auth, iso, payload
+from .fakes import FakeRechecker, auth, iso, payload
 
 
 def reasons(h):

@@ -19,8 +19,17 @@ import yaml
 
 from tests.support.require import require_binary
 
-from .real_parts import (REAL_TOKEN, REPO, WebhookProcess, answers, free_port, ledger, now_rfc3339, wait_for,
-                         webhook_config)
+from .real_parts import (
+    REAL_TOKEN,
+    REPO,
+    WebhookProcess,
+    answers,
+    free_port,
+    ledger,
+    now_rfc3339,
+    wait_for,
+    webhook_config,
+)
 
 
 class People:
@@ -120,7 +129,8 @@ def test_one_hang_notification_restarts_the_container_once_and_reaches_people(tm
                   "target": hung.name, "container": hung.name}
         posted = requests.post(am + "/api/v2/alerts", json=[{"labels": labels, "startsAt": now_rfc3339()}], timeout=5)
         assert posted.status_code == 200, posted.text
-        decided = lambda: [d for d in ledger(tmp_path / "state") if d["event"] == "decision"]
+        def decided():
+            return [d for d in ledger(tmp_path / "state") if d["event"] == "decision"]
         wait_for(lambda: any(d["reason"] == "hung" for d in decided()), 60, "the webhook to restart", 0.2)
         wait_for(lambda: people.firing("HangwatchBackendHung"), 30, "the people receiver to hear of the hang", 0.2)
         assert people.firing("HangwatchBackendHung")[0]["labels"]["target"] == hung.name

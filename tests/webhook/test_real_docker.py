@@ -21,7 +21,7 @@ from hangwatch.webhook.app import create_app
 from hangwatch.webhook.config import load_config, load_token
 from hangwatch.webhook.restarter import DockerRestarter
 
-from .fakes import payload, alert, iso
+from .fakes import alert, iso, payload
 from .real_parts import REAL_TOKEN, WebhookProcess, alert_body, ledger, wait_for, webhook_config
 
 real = pytest.mark.real

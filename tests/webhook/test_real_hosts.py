@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from .certs import make_certs
-from .real_parts import (IMAGE, REAL_TOKEN, Backend, WebhookProcess, ledger, now_rfc3339, wait_for)
+from .real_parts import IMAGE, REAL_TOKEN, Backend, WebhookProcess, ledger, now_rfc3339, wait_for
 from .second_engine import SecondEngine
 from .sshd import SSHServer
 

@@ -13,7 +13,6 @@ import shutil
 import tempfile
 
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
