@@ -155,12 +155,7 @@ def run_check(args) -> int:
             sys.stderr.write(f"reading {load} probe={probe} "
                              f"-> {verdict.state}: {verdict.reason}\n")
 
-    api_key = None
-    if args.api_key_file:
-        try:
-            api_key = secret_file(args.api_key_file, "--api-key-file")
-        except ConfigError as exc:
-            raise _usage(str(exc)) from None
+    api_key = _api_key(args)
     if args.stalled_is_hung and not (args.liveness and args.stall_window):
         raise _usage("--stalled-is-hung needs --liveness and --stall-window")
     if args.liveness:
@@ -173,6 +168,16 @@ def run_check(args) -> int:
     else:
         print(f"{result.verdict.state}: {result.verdict.reason}")
     return result.exit_code
+
+
+def _api_key(args) -> str | None:
+    """The backend's own API key from ``--api-key-file`` (a bad file is a usage error)."""
+    if not args.api_key_file:
+        return None
+    try:
+        return secret_file(args.api_key_file, "--api-key-file")
+    except ConfigError as exc:
+        raise _usage(str(exc)) from None
 
 
 def run_liveness(args, url: str, module: str, show, **target) -> int:
@@ -199,12 +204,7 @@ def run_forensics(args) -> int:
     hung (nothing captured); 64: bad usage."""
     from . import forensics
     from .forensics.gate import capture_if_hung
-    api_key = None
-    if args.api_key_file:
-        try:
-            api_key = secret_file(args.api_key_file, "--api-key-file")
-        except ConfigError as exc:
-            raise _usage(str(exc)) from None
+    api_key = _api_key(args)
     answer = capture_if_hung(
         args.url, lambda: check(args.url, module=args.module, interval=args.interval, timeout=args.timeout,
                                 api_key=api_key),
