@@ -146,6 +146,7 @@ def test_wedged_worker_is_restarted_once_through_alertmanager_and_the_webhook(fl
     require_binary("prometheus-alertmanager")
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
+    token.chmod(0o600)  # the webhook refuses a token file others may read
     state_dir = tmp_path / "state"
     config = tmp_path / "webhook.yml"
     config.write_text(json.dumps({

@@ -112,6 +112,7 @@ def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, dock
                                  "liveness_interval": "1s", "liveness_timeout": "2s", "liveness_budget": "8s"}))
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
+    token.chmod(0o600)  # the webhook refuses a token file others may read
     state_dir = tmp_path / "state"
     load, forensics_place, webhook, stack = None, None, None, None
     try:

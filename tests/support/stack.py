@@ -216,6 +216,7 @@ class Stack:
         if token_file is None:
             token_file = self.workdir / "token"
             token_file.write_text(self.token + "\n")
+            token_file.chmod(0o600)
         # Deliver at once, regroup every second, never repeat within a test: a second
         # notification of one alert is a real event (it resolved and fired again).
         config["route"].update({"group_wait": "0s", "group_interval": "1s", "repeat_interval": "1h"})
