@@ -53,6 +53,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from processes import Exporter, Fleet, _stop, free_port, raise_fd_limit  # noqa: E402
 
+from hangwatch.forensics.processes import CLOSE_WAIT, TCP_TABLES, socket_rows  # noqa: E402
+
 MiB = 2**20
 HEALTH_PATHS = ("/metrics", "/livez", "/readyz")
 # The attacker's source address: another client than the health checks (127.0.0.1), as one on
@@ -429,18 +431,8 @@ def _collect(socks: list[socket.socket], deadline: float) -> tuple[dict[int, int
 
 def count_close_wait(port: int) -> int:
     """Sockets on ``port`` (the exporter's side) in CLOSE_WAIT, from /proc/net/tcp{,6}."""
-    n = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                next(handle)
-                for line in handle:
-                    fields = line.split()
-                    if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "08":
-                        n += 1
-        except OSError:
-            pass
-    return n
+    return sum(1 for table in TCP_TABLES for _, local, state, _ in socket_rows(table)
+               if local == port and state == CLOSE_WAIT)
 
 
 def open_file_bytes(pid: int) -> int:

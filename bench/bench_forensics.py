@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long does a capture of a hung real vLLM take, and what does it read?
 
-Measured on the real CPU vLLM (tests/real/vllm_server.py) with the ``wedge`` fault loaded
+Measured on the real CPU vLLM (harness/vllm_server.py) with the ``wedge`` fault loaded
 (tests/vllm_faults): two generations running, EngineCore wedged in
 ``hangwatch_fault_wedged_here``, then ``hangwatch.forensics.capture`` of the server's URL,
 ``--runs`` times each way: Python frames only (``py-spy --nonblocking``, the default), with
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hangwatch.forensics import capture  # noqa: E402
-from tests.real.vllm_server import VLLMServer  # noqa: E402
+from harness.vllm_server import VLLMServer  # noqa: E402
 
 FAULTS = str(REPO / "tests" / "vllm_faults")
 

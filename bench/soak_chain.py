@@ -5,7 +5,7 @@
                                      └→ a real Docker engine (the container's state)
 
 - :func:`start_stack` is the one adapter to the project's Prometheus + Alertmanager helper
-  (``tests.support.stack.Stack``): it points
+  (``harness.stack.Stack``): it points
   the restart route at the real webhook, keeping the helper's recording receiver beside it
   (the receiver stamps when the notification left Alertmanager), and labels the target with
   the soak's container. The helper derives every config from ``examples/`` and renders the
@@ -50,7 +50,7 @@ def start_stack(workdir: Path, backend_url: str, *, container: str, hook_url: st
     """Exporter → Prometheus → Alertmanager watching ``backend_url`` as target ``vllm-a``
     (container label ``container``), the restart route delivering to ``hook_url`` (Bearer
     token from ``hook_token_file``) and to the helper's recording receiver. Started."""
-    from tests.support.stack import Stack
+    from harness.stack import Stack
 
     class SoakStack(Stack):
         def prometheus_config(self) -> dict:

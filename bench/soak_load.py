@@ -14,7 +14,7 @@ as the recording proxy, so the two compare instants on one clock.
 - :class:`NaiveWatchdog`: what the project's seed note describes — a real chat request with a
   5 s timeout every interval, and "N failures in a row → restart", counted, never done.
 
-The streamed requests reuse ``tests.real.vllm_server.Generation`` (one streamed completion in
+The streamed requests reuse ``harness.vllm_server.Generation`` (one streamed completion in
 a thread, cancellable, with its usage).
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import requests
 
-from tests.real import tinymodel
-from tests.real.vllm_server import MODEL_NAME, Generation
+from harness import tinymodel
+from harness.vllm_server import MODEL_NAME, Generation
 
 
 class InFlight:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from tests.real.vllm_server import parse_prometheus
+from harness.vllm_server import parse_prometheus
 
 READS = ("/metrics", "/version", "/health")
 MAX_HEAD = 64 * 1024

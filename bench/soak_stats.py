@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import requests
 
-from tests.real.vllm_server import parse_prometheus
+from harness.vllm_server import parse_prometheus
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -3,7 +3,7 @@
 The simulator and the webhook in dry-run (``demo.nodocker``: the real app, the simulator
 standing in for Docker) are the demo's own; the exporter, Prometheus (the shipped rules,
 rendered by ``hangwatch rules`` for the demo's scrape interval) and Alertmanager are the
-project's one stack helper, ``tests.support.stack``, which tests and benchmarks use too.
+project's one stack helper, ``harness.stack``, which tests and benchmarks use too.
 Configs are the shipped ``examples/`` with only addresses, paths and timings replaced (and
 a scrape job for the webhook's own metrics). Prometheus and Alertmanager are optional:
 ``Stack.prometheus`` / ``Stack.alertmanager`` are None when the binary is missing
@@ -25,9 +25,9 @@ from pathlib import Path
 import requests
 import yaml
 
-from tests.support.processes import Process, start_server
-from tests.support.stack import EXAMPLES
-from tests.support.stack import Stack as Chain
+from harness.processes import Process, start_server
+from harness.stack import EXAMPLES
+from harness.stack import Stack as Chain
 
 TARGET = "vllm-sim"          # the `target` label and the webhook's target name
 CONTAINER = "vllm-sim"       # the `container` label: the stand-in container the webhook may restart

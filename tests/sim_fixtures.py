@@ -7,7 +7,7 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.wait import wait_until as support_wait_until
+from harness.wait import wait_until as support_wait_until
 
 # HANGWATCH_VLLM_CAPTURES points the comparison at another set of pages (e.g. a new capture).
 CAPTURES = Path(os.environ.get("HANGWATCH_VLLM_CAPTURES")
