@@ -20,52 +20,23 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness.alert_payloads import alert_labels, annotations, generator_url, payload  # noqa: E402
-
-
-class Capture:
-    """An HTTP receiver that keeps every body Alertmanager posts."""
-
-    def __init__(self):
-        self.bodies: list[bytes] = []
-        capture = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                capture.bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from harness.ports import free_port  # noqa: E402
+from harness.receiver import Receiver  # noqa: E402
 
 
 def measure(count: int, binary: str) -> bytes:
-    capture = Capture()
+    capture = Receiver()
     work = pathlib.Path(tempfile.mkdtemp(prefix="hangwatch-am-"))
     config = {"route": {"receiver": "hook", "group_by": ["alertname"], "group_wait": "3s",
                         "group_interval": "1m", "repeat_interval": "1h"},
-              "receivers": [{"name": "hook", "webhook_configs": [{"url": capture.url, "send_resolved": False}]}]}
+              "receivers": [{"name": "hook", "webhook_configs": [{"url": capture.url + "/alerts", "send_resolved": False}]}]}
     (work / "am.yml").write_text(json.dumps(config))
     port = free_port()
     process = subprocess.Popen([binary, f"--config.file={work / 'am.yml'}", f"--storage.path={work / 'data'}",
@@ -89,16 +60,16 @@ def measure(count: int, binary: str) -> bytes:
                                          headers={"Content-Type": "application/json"}, method="POST")
         urllib.request.urlopen(request, timeout=30).read()
         deadline = time.monotonic() + 60
-        while not capture.bodies or len(json.loads(capture.bodies[-1])["alerts"]) < count:
+        while not capture.bodies("/alerts") or len(json.loads(capture.bodies("/alerts")[-1])["alerts"]) < count:
             if time.monotonic() > deadline:
                 raise SystemExit(f"no notification with {count} alerts within 60 s "
-                                 f"({[len(json.loads(b)['alerts']) for b in capture.bodies]})")
+                                 f"({[len(json.loads(b)['alerts']) for b in capture.bodies('/alerts')]})")
             time.sleep(0.2)
-        return capture.bodies[-1]
+        return capture.bodies("/alerts")[-1]
     finally:
         process.terminate()
         process.wait(10)
-        capture.server.shutdown()
+        capture.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
