@@ -1,12 +1,6 @@
 """Benchmark: normalizing one page per engine vs prometheus_client's full text parse.
 
-Every engine's page goes through the same normalizer (``hangwatch.reading.parse``) with its
-own row of the engine table. Pages: the real captures in tests/data (vLLM 0.32, llama.cpp
-11434) and the SGLang and TGI pages that harness/engine_pages.py builds from those engines'
-documented metric definitions (neither runs here). Goal, as for bench_reading.py: ≥ 5×
-faster than a full parse and < 5 ms per page.
-
-Run: ``python bench/bench_engines.py``.
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """How big is Alertmanager's largest notification to the webhook? Measured, not guessed.
 
-The webhook's request body limit must fit the biggest group Alertmanager may send (a route
-that groups every hang of a fleet into one notification), yet be small. This starts a real
-Alertmanager that groups by ``alertname`` only, posts ``--alerts`` HangwatchBackendHung alerts
-with the labels and annotations the shipped rules give them (``alertname``, ``target``,
-``container``, ``severity``, ``action``, ``instance``, ``job``; ``summary``, ``description``,
-``runbook_url``; a Prometheus ``generatorURL``), captures the one v4 notification it sends
-and prints its size, beside the size ``harness/alert_payloads.py`` builds for the same
-alerts (the fast tier's stand-in for it).
-
     python bench/bench_webhook_payload.py [--alerts 1000] [--save FILE]
+
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
