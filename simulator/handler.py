@@ -118,15 +118,23 @@ class Handler(BaseHTTPRequestHandler):
             return True
         return False
 
-    # -- routes --------------------------------------------------------------------------
-    def do_GET(self) -> None:
-        sim = self.simulator
+    def _begin(self) -> tuple[str, float] | None:
+        """The request's path and start; None when it was held and dropped, or refused (answered)."""
         if not self._hold():
-            return
+            return None
         path = self.path.split("?", 1)[0]
         started = time.monotonic()
         if self._refused(path, started):
+            return None
+        return path, started
+
+    # -- routes --------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        sim = self.simulator
+        begun = self._begin()
+        if begun is None:
             return
+        path, started = begun
         if path == "/metrics" or path.startswith("/metrics/"):
             if sim._mode == "metrics_missing":
                 return self._json(404, {"detail": "Not Found"}, "/metrics")
@@ -149,12 +157,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         sim = self.simulator
-        if not self._hold():
+        begun = self._begin()
+        if begun is None:
             return
-        path = self.path.split("?", 1)[0]
-        started = time.monotonic()
-        if self._refused(path, started):
-            return
+        path, started = begun
         if path == "/_sim/state":
             body = self._body() or {}
             try:
