@@ -38,7 +38,7 @@ def scrape(sim) -> str:
 
 
 def wait_until(predicate, timeout: float = 5.0, what: str = "condition"):
-    """``tests.support.wait.wait_until`` with the in-process simulator's short defaults."""
+    """``harness.wait.wait_until`` with the in-process simulator's short defaults."""
     return support_wait_until(predicate, timeout, what, interval=0.01)
 
 
