@@ -1,19 +1,9 @@
 #!/usr/bin/env python3
 """How long from an engine freeze to the hang notification at the webhook?
 
-Measured: the real pipeline (vLLM simulator → hangwatch exporter → Prometheus with the
-shipped rules retimed to a short scrape interval → Alertmanager with the example routes →
-a recording receiver), freezing a busy simulator and timing the first HangwatchBackendHung
-delivery. Each run uses a fresh stack.
-
-Computed (not measured): the shipped defaults (15 s scrape) from the windows in the rule
-files — the worst case is one scrape until the first frozen reading, two more intervals,
-one recording-group interval, one alert-group interval and the alert's ``for:``; the
-typical case takes the halves of the phase-dependent terms. The measured times scaled by
-15 s / the test interval are printed beside them as a check (Alertmanager's and the
-exporter's own fixed overheads do not scale, so that estimate is slightly high).
-
     python bench/bench_alert_latency.py [--runs 3] [--scrape-interval 1s]
+
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -28,8 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hangwatch.rules.render import Settings, parse_interval, readings_windows, rule_groups  # noqa: E402
-from tests.support.stack import Stack  # noqa: E402
-from tests.support.wait import wait_until  # noqa: E402
+from harness.stack import Stack  # noqa: E402
+from harness.wait import wait_until  # noqa: E402
 
 
 def shipped_windows(scrape_interval: float) -> dict[str, float]:

@@ -1,36 +1,9 @@
 #!/usr/bin/env python3
-"""What each attack of issue #23 costs the exporter: peak memory, and whether it still answers.
-
-Why: the exporter runs beside the server it protects with a memory limit (256 Mi in the
-manifests) and a kubelet probing it; an attacker who can reach it must not be able to make it
-grow past that or stop answering ``/metrics``, ``/livez``, ``/readyz``. Each attack runs
-against a fresh exporter (a subprocess, so its ``VmHWM`` is that attack's alone), bounded in
-time and count, and stops by itself:
-
-- ``table_fill``: 1,030 connections, each pipelining 20 ``/livez`` and reading nothing back;
-  then 30 fresh connections ask ``/metrics``, ``/livez``, ``/readyz`` (10 each).
-- ``heads``: 20,000 distinct ~1 KB request heads on unknown paths, each with 95 short
-  headers (pipelined on 8 connections, every answer read); memory measured at once and 2 s
-  later (does it stay?).
-- ``chunked_trailer``: a backend answers ``/metrics`` chunked, then a trailer line that never
-  ends (64 KiB writes, at most 512 MiB or 6 s per connection); two probes of it.
-- ``slot_leak``: ``max_concurrent_probes: 1``, its slot held by a probe of a backend that
-  never answers (3 s scrape timeout), 600 ``/probe`` with a bad query queued behind it; then
-  are all 600 answered, does a good probe get its slot back (200, not 503), and how many of
-  the exporter's sockets stay in CLOSE_WAIT after the clients have closed.
-- ``webhook_bodies``: the webhook (``--dry-run``), 128 unauthenticated connections each
-  sending a 4 MiB body but its last byte: its peak RSS and the bytes it holds in temporary
-  files (waitress spools bodies there; in compose that is a tmpfs, the container's memory).
-
-For each: RSS before, peak (``VmHWM``; and the largest ``VmRSS`` sampled every 50 ms), after;
-``answered`` is how many of 30 fresh ``/metrics``/``/livez``/``/readyz`` requests (the last two
-of a healthy backend, one ``bench/fleet.py`` port, as a kubelet asks) got a 200 within 5 s (the
-manifests' probe timeout; a liveness check itself takes ~2 s: two readings) while the attack
-held or right after it.
+"""What each attack costs the exporter: peak memory, and whether it still answers.
 
     python bench/bench_attacks.py [--only table_fill,heads,...] [--exporter-ref COMMIT] [--json FILE]
 
-Run under ``flock /tmp/hangwatch-heavy.lock`` (about a minute in all).
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -52,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from processes import Exporter, Fleet, _stop, free_port, raise_fd_limit  # noqa: E402
+
+from hangwatch.forensics.processes import CLOSE_WAIT, TCP_TABLES, socket_rows  # noqa: E402
 
 MiB = 2**20
 HEALTH_PATHS = ("/metrics", "/livez", "/readyz")
@@ -429,18 +404,8 @@ def _collect(socks: list[socket.socket], deadline: float) -> tuple[dict[int, int
 
 def count_close_wait(port: int) -> int:
     """Sockets on ``port`` (the exporter's side) in CLOSE_WAIT, from /proc/net/tcp{,6}."""
-    n = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                next(handle)
-                for line in handle:
-                    fields = line.split()
-                    if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "08":
-                        n += 1
-        except OSError:
-            pass
-    return n
+    return sum(1 for table in TCP_TABLES for _, local, state, _ in socket_rows(table)
+               if local == port and state == CLOSE_WAIT)
 
 
 def open_file_bytes(pid: int) -> int:

@@ -1,12 +1,6 @@
 """Benchmark: normalizing one page per engine vs prometheus_client's full text parse.
 
-Every engine's page goes through the same normalizer (``hangwatch.reading.parse``) with its
-own row of the engine table. Pages: the real captures in tests/data (vLLM 0.32, llama.cpp
-11434) and the SGLang and TGI pages that tests/test_engines.py builds from those engines'
-documented metric definitions (neither runs here). Goal, as for bench_reading.py: ≥ 5×
-faster than a full parse and < 5 ms per page.
-
-Run: ``python bench/bench_engines.py``.
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ from bench_reading import full_parse, per_call  # noqa: E402
 
 from hangwatch.engines import detect_engine  # noqa: E402
 from hangwatch.reading import UnreadablePage, parse  # noqa: E402
-from tests.test_engines import sglang_page, tgi_page  # noqa: E402
+from harness.engine_pages import sglang_page, tgi_page  # noqa: E402
 
 
 def pages() -> list[tuple[str, str]]:

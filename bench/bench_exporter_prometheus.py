@@ -1,21 +1,9 @@
 #!/usr/bin/env python3
 """A real Prometheus scraping 1,000 backends through one exporter, with the shipped rules.
 
-The fleet (``bench/fleet.py --static``, one busy vLLM page that never moves, on 1,000 ports of
-one process: every target reads hung, the worst case for the alert group) is listed in
-a file_sd file, one target per backend (``target`` label b0000...), relabelled onto the
-exporter as in ``examples/fleet/prometheus-file-sd.yml``; Prometheus (Debian's, started here
-as in tests/e2e) scrapes every 15 s with a 10 s timeout and evaluates ``rules/*.yml`` (3 s
-groups). Measured after ``--minutes``: failed scrapes (``up`` 0), scrape durations, every
-rule group's evaluation time (``prometheus_rule_group_last_duration_seconds``, from
-Prometheus scraping itself) and missed iterations, each rule's evaluation time (``/api/v1/rules``
-read every 2 s, one sample per evaluation: where a group's time goes), the exporter's CPU and memory.
-
     python bench/bench_exporter_prometheus.py [--backends 1000] [--minutes 3] [--exporter-ref COMMIT] [--rules DIR] [--top-rules N]
 
-``--rules DIR`` evaluates another set of rule files (e.g. an older commit's ``rules/``) instead.
-
-Run under ``flock /tmp/hw/heavy.lock``.
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -38,8 +26,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from processes import Exporter, Fleet, raise_fd_limit  # noqa: E402
 from procstat import loadavg, sample  # noqa: E402
 
-from tests.support.ports import free_port  # noqa: E402
-from tests.support.processes import Process  # noqa: E402
+from harness.ports import free_port  # noqa: E402
+from harness.processes import Process  # noqa: E402
 
 RULES = sorted((ROOT / "rules").glob("*.yml"))
 TOP_RULES = 6  # per group, the rules printed with their evaluation times (--top-rules)

@@ -1,34 +1,12 @@
 #!/usr/bin/env python3
 """How many backends one exporter carries, and at what CPU beside blackbox_exporter's.
 
-The fleet (``bench/fleet.py``): N real-vLLM-shaped backends, each on its own port of one
-local asyncio process, answering the captured busy vLLM 0.32 page (so no idle probe is
-due) as a real server does: head and body in separate writes, every counter moving with each
-answer (``--static-fleet``: the old one-write static page). The load (``bench/scrapeload.py``):
-Prometheus' shape — one keep-alive client, each target scraped once per interval at its own
-offset, a 10 s scrape timeout; and a burst, every target at once on fresh connections (a
-Prometheus restart, several replicas starting).
-
-The subjects, each on the same fleet in the same run, one after another (the order rotates
-with ``--repeat``): hangwatch on each loop in ``--loops`` (``evloop``, the exporter's; ``uvloop``
-through ``bench/loopchoice.py``), and blackbox_exporter (Debian: ``apt-get install -y
-prometheus-blackbox-exporter``; an http module that GETs ``/metrics``, ``bench/processes.py``)
-unless ``--no-blackbox``. Each run ends with the medians per subject and the ratios
-hangwatch / blackbox_exporter and uvloop / evloop of CPU per scrape.
-
-Measured on each subject's process, from /proc: CPU seconds per backend-scrape over the
-measured rounds (the fleet's own CPU is shown beside it), resident memory and its peak,
-threads. Latency is from a scrape's scheduled start to the last byte of its answer; a failure
-is no complete 200 answer saying ``hangwatch_up 1`` (``probe_success 1``) within the timeout.
-
     python bench/bench_exporter_scale.py [--backends 100,1000,5000] [--interval 15s]
         [--rounds 2] [--burst 100,1000,5000] [--loops evloop,uvloop] [--no-blackbox]
         [--repeat N] [--shift K] [--static-fleet] [--exporter-ref COMMIT] [--json FILE]
     python bench/bench_exporter_scale.py --summarize run1.json run2.json ...
 
-``--exporter-ref`` runs an older commit's exporter with this tree's benchmark (the "before"
-numbers). ``--summarize`` prints the medians of several runs' JSON rows. Run under
-``flock /tmp/hangwatch-heavy.lock``; the machine's load is printed with the results.
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 #!/usr/bin/env python3
 """How long does a capture of a hung real vLLM take, and what does it read?
 
-Measured on the real CPU vLLM (tests/real/vllm_server.py) with the ``wedge`` fault loaded
-(tests/vllm_faults): two generations running, EngineCore wedged in
-``hangwatch_fault_wedged_here``, then ``hangwatch.forensics.capture`` of the server's URL,
-``--runs`` times each way: Python frames only (``py-spy --nonblocking``, the default), with
-locals, and with native frames (``py-spy --native``, which pauses each process). Also the
-whole ``hangwatch forensics URL --json`` command (its check's three readings included).
-Prints one table; the numbers go to bench/RESULTS-forensics.md.
-
     flock /tmp/hangwatch-heavy.lock python bench/bench_forensics.py [--runs 5]
+
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -26,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hangwatch.forensics import capture  # noqa: E402
-from tests.real.vllm_server import VLLMServer  # noqa: E402
+from harness.vllm_server import VLLMServer  # noqa: E402
 
 FAULTS = str(REPO / "tests" / "vllm_faults")
 

@@ -1,8 +1,7 @@
 """Benchmark: hangwatch's page normalizer vs prometheus_client's full text parse.
 
-The normalizer runs for every backend at every scrape. Goal (issue 2): ≥ 5× faster than a
-full parse and < 5 ms per page here. Pages: the real vLLM captures in tests/data (and,
-where present, other engines' pages). Run: ``python bench/bench_reading.py``.
+The normalizer runs for every backend at every scrape, so it must stay far cheaper than a full
+parse (the goal: ≥ 5× faster, < 5 ms per page). Run: ``python bench/bench_reading.py``.
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """How big is Alertmanager's largest notification to the webhook? Measured, not guessed.
 
-The webhook's request body limit must fit the biggest group Alertmanager may send (a route
-that groups every hang of a fleet into one notification), yet be small. This starts a real
-Alertmanager that groups by ``alertname`` only, posts ``--alerts`` HangwatchBackendHung alerts
-with the labels and annotations the shipped rules give them (``alertname``, ``target``,
-``container``, ``severity``, ``action``, ``instance``, ``job``; ``summary``, ``description``,
-``runbook_url``; a Prometheus ``generatorURL``), captures the one v4 notification it sends
-and prints its size, beside the size ``tests/webhook/big_payload.py`` builds for the same
-alerts (the fast tier's stand-in for it).
-
     python bench/bench_webhook_payload.py [--alerts 1000] [--save FILE]
+
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -20,52 +13,23 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.webhook.big_payload import alert_labels, annotations, generator_url, payload  # noqa: E402
-
-
-class Capture:
-    """An HTTP receiver that keeps every body Alertmanager posts."""
-
-    def __init__(self):
-        self.bodies: list[bytes] = []
-        capture = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                capture.bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from harness.alert_payloads import alert_labels, annotations, generator_url, payload  # noqa: E402
+from harness.ports import free_port  # noqa: E402
+from harness.receiver import Receiver  # noqa: E402
 
 
 def measure(count: int, binary: str) -> bytes:
-    capture = Capture()
+    capture = Receiver()
     work = pathlib.Path(tempfile.mkdtemp(prefix="hangwatch-am-"))
     config = {"route": {"receiver": "hook", "group_by": ["alertname"], "group_wait": "3s",
                         "group_interval": "1m", "repeat_interval": "1h"},
-              "receivers": [{"name": "hook", "webhook_configs": [{"url": capture.url, "send_resolved": False}]}]}
+              "receivers": [{"name": "hook", "webhook_configs": [{"url": capture.url + "/alerts", "send_resolved": False}]}]}
     (work / "am.yml").write_text(json.dumps(config))
     port = free_port()
     process = subprocess.Popen([binary, f"--config.file={work / 'am.yml'}", f"--storage.path={work / 'data'}",
@@ -89,16 +53,16 @@ def measure(count: int, binary: str) -> bytes:
                                          headers={"Content-Type": "application/json"}, method="POST")
         urllib.request.urlopen(request, timeout=30).read()
         deadline = time.monotonic() + 60
-        while not capture.bodies or len(json.loads(capture.bodies[-1])["alerts"]) < count:
+        while not capture.bodies("/alerts") or len(json.loads(capture.bodies("/alerts")[-1])["alerts"]) < count:
             if time.monotonic() > deadline:
                 raise SystemExit(f"no notification with {count} alerts within 60 s "
-                                 f"({[len(json.loads(b)['alerts']) for b in capture.bodies]})")
+                                 f"({[len(json.loads(b)['alerts']) for b in capture.bodies('/alerts')]})")
             time.sleep(0.2)
-        return capture.bodies[-1]
+        return capture.bodies("/alerts")[-1]
     finally:
         process.terminate()
         process.wait(10)
-        capture.server.shutdown()
+        capture.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -113,7 +77,7 @@ def main() -> int:
     real = json.loads(body)
     print(f"alertmanager notification: {len(real['alerts'])} alerts, {len(body):,} bytes "
           f"({len(body) / 1024 / 1024:.2f} MiB, {len(body) / len(real['alerts']):.0f} bytes per alert)")
-    print(f"tests/webhook/big_payload.py for the same alerts: {len(built):,} bytes "
+    print(f"harness/alert_payloads.py for the same alerts: {len(built):,} bytes "
           f"({len(built) / len(body):.3f} of the real one)")
     if args.save:
         pathlib.Path(args.save).write_bytes(body)

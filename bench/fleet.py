@@ -1,37 +1,9 @@
 #!/usr/bin/env python3
 """Many vLLM backends in one process, for the exporter's scale benchmark.
 
-Each backend is its own listening port on 127.0.0.1, so every target the exporter reads is
-a distinct ``host:port`` with its own connections, as thousands of real servers would be
-(one port with many paths would let a client share one connection across "targets").
-Every backend answers like a real vLLM 0.32 (the captures in ``tests/data/vllm-0.32``):
-``/metrics`` is the captured busy page (4 running, so no idle probe is due), ``/version``,
-``/v1/models`` and ``/v1/completions`` the captured answers. Like vLLM's uvicorn
-(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, default 5 s), an idle keep-alive connection is closed
-after ``--keep-alive`` seconds.
-
-What makes it honest (issue #23): a real server's answer costs its reader more than a canned
-one, and the benchmark must pay that too.
-
-- **Head and body in separate writes**, as uvicorn sends them (``http.response.start`` then
-  ``http.response.body``; TCP_NODELAY is on, so they leave as separate segments): a reader
-  wakes for the head and again for the body.
-- **A page that changes every scrape**: a busy server's counters move, so every counter,
-  histogram bucket, count and sum on the page grows with each answer of that backend (its
-  length changes too). Nothing the reader keeps by the page's bytes can hit.
-- gzipped when the client accepts gzip, as vLLM's prometheus_client does (compressed per
-  answer: the page changed).
-
-``--static`` answers the old way — one write of a page that never changes — to compare.
-
-The fixed answers are encoded once, the moving page is built from a template of its numbers
-(~0.2 ms); one asyncio loop serves every port, so the fleet costs little CPU beside the
-exporter it feeds.
-
     python bench/fleet.py --count 1000 [--page tests/data/vllm-0.32/busy.prom] [--static]
 
-prints one JSON line ``{"ports": [...], "pid": ...}`` when every port listens, then serves
-until stdin closes or SIGTERM.
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 

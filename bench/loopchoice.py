@@ -1,16 +1,9 @@
 #!/usr/bin/env python3
 """``python -m hangwatch`` with the exporter's event loop chosen by ``HANGWATCH_BENCH_LOOP``.
 
-Why: issue #23 asks whether uvloop (libuv, in C) costs less per scrape than the exporter's own
-``evloop``. The exporter runs on ``evloop`` and nothing else; only the benchmark swaps the
-loop, by this wrapper, so both run the same exporter code on the same fleet in the same run.
-
-``evloop`` (the default) runs the exporter as it is. ``uvloop`` puts a ``uvloop.Loop`` where
-``httpserver`` makes its loop, with the two things evloop has that asyncio's API lacks: a
-``call_at`` on ``time.monotonic()`` moments (uvloop's clock is libuv's) and
-``stop_threadsafe``; ``evloop.running`` becomes asyncio's running loop.
-
     HANGWATCH_BENCH_LOOP=uvloop python bench/loopchoice.py exporter --listen ... --config ...
+
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 

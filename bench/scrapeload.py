@@ -1,15 +1,6 @@
 """A Prometheus-shaped load on the exporter: many targets, each scraped on its own schedule.
 
-What it copies from Prometheus 2.x (scrape.go, prometheus/common http_config.go): one HTTP
-client per job whose keep-alive pool holds up to 1,000 idle connections to the exporter;
-each target scraped once per interval at its own offset, so a job's targets are spread
-evenly over the interval; the ``X-Prometheus-Scrape-Timeout-Seconds`` header; a scrape
-that has no complete 200 answer within the timeout is a failed scrape. A "burst" is every
-target at the same instant on fresh connections: a Prometheus restart, or several
-replicas starting together.
-
-A scrape also fails when its answer does not say ``hangwatch_up 1``: every backend in the
-benchmark fleet answers, so anything else is the exporter getting it wrong under load.
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 

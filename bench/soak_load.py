@@ -1,21 +1,6 @@
 """The soak's clients: a saturating load and the naive watchdog people run today.
 
-Both count their own requests (when each was sent, when it ended, how) and register every
-request they have open in one :class:`InFlight` ledger. That ledger is the client side's
-answer to "was anything in flight at this instant?": a request is open from just before its
-first byte is sent until its last byte has been read, so the ledger's view is a superset of
-the server's (never misses a moment the server was busy), and it lives in the same process
-as the recording proxy, so the two compare instants on one clock.
-
-- :class:`Load`: ``generators`` clients each sending long streamed generations back to back
-  (``ignore_eos``, a length drawn from a range) and ``prefills`` clients each sending long
-  prompts (a chunked prefill) with a short answer. More clients than the server's
-  ``--max-num-seqs`` keeps requests waiting, i.e. the server saturated, the whole time.
-- :class:`NaiveWatchdog`: what the project's seed note describes — a real chat request with a
-  5 s timeout every interval, and "N failures in a row → restart", counted, never done.
-
-The streamed requests reuse ``tests.real.vllm_server.Generation`` (one streamed completion in
-a thread, cancellable, with its usage).
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -26,8 +11,8 @@ from dataclasses import dataclass, field
 
 import requests
 
-from tests.real import tinymodel
-from tests.real.vllm_server import MODEL_NAME, Generation
+from harness import tinymodel
+from harness.vllm_server import MODEL_NAME, Generation
 
 
 class InFlight:

@@ -1,20 +1,6 @@
 """A recording HTTP proxy between hangwatch and vLLM: the soak's independent witness.
 
-hangwatch (the exporter and the webhook's re-check) is given this proxy's URL as the backend,
-so every request it makes to vLLM passes here; it has no other route. For each request the
-proxy records, at the instant the request's head and body have arrived and before a byte is
-forwarded: the method and path, and two witnesses of "was anything in flight?":
-
-- the clients' own ledger (:class:`bench.soak_load.InFlight`): the load's and the naive
-  watchdog's open requests, in this same process, on this same clock;
-- vLLM's own gauges (``vllm:num_requests_running`` + ``vllm:num_requests_waiting``), read
-  from vLLM directly, right before forwarding — only for requests that are not plain reads
-  (``/metrics``, ``/version``, ``/health`` never reach the engine), so the proxy adds no load
-  while hangwatch merely reads.
-
-Bytes are forwarded unchanged in both directions; keep-alive connections carry several
-requests (requests are delimited by Content-Length or chunked framing; responses are
-streamed back as they come).
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -26,7 +12,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from tests.real.vllm_server import parse_prometheus
+from harness.vllm_server import parse_prometheus
 
 READS = ("/metrics", "/version", "/health")
 MAX_HEAD = 64 * 1024

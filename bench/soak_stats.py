@@ -1,11 +1,6 @@
 """What the soak measures over time: vLLM's own counters sampled, CPU per process, windows.
 
-- :class:`Sampler` reads vLLM's /metrics (directly, not through the proxy) every few seconds:
-  running and waiting (was the server saturated?), and its token counters (what it produced).
-- :func:`cpu_seconds` reads a process's user + system time from /proc.
-- :func:`windows` cuts a phase into equal windows and summarises each: requests finished,
-  the share that succeeded, median latency, and the tokens vLLM produced (its counters);
-  :func:`spread` gives mean, standard deviation, min and max across windows.
+How it measures: bench/README.md.
 """
 from __future__ import annotations
 
@@ -17,7 +12,7 @@ from dataclasses import dataclass
 
 import requests
 
-from tests.real.vllm_server import parse_prometheus
+from harness.vllm_server import parse_prometheus
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

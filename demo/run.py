@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 
 import requests
 
-from tests.support.wait import wait_until
+from harness.wait import wait_until
 
 from .stack import CONTAINER, TARGET, Stack
 

@@ -1,17 +1,10 @@
 """Start and stop the whole hangwatch chain as local processes on loopback, in a temp dir.
 
-The simulator and the webhook in dry-run (``demo.nodocker``: the real app, the simulator
-standing in for Docker) are the demo's own; the exporter, Prometheus (the shipped rules,
-rendered by ``hangwatch rules`` for the demo's scrape interval) and Alertmanager are the
-project's one stack helper, ``tests.support.stack``, which tests and benchmarks use too.
-Configs are the shipped ``examples/`` with only addresses, paths and timings replaced (and
-a scrape job for the webhook's own metrics). Prometheus and Alertmanager are optional:
-``Stack.prometheus`` / ``Stack.alertmanager`` are None when the binary is missing
-(``demo.run`` then plays their part in plain Python).
-
-Every server binds port 0 and its port is read back; every process writes its own log
-(``part.new_lines()`` tails it). ``Stack.stop()`` stops each process by PID (SIGTERM, then
-SIGKILL) and removes the temp dir.
+The demo must show the chain users deploy, so it reuses the one stack the tests and benchmarks use
+(``harness.stack``: the exporter, Prometheus with the shipped rules, Alertmanager, from the shipped
+``examples/``) and adds only its own parts: the simulator and the webhook in dry-run
+(``demo.nodocker``). Prometheus and Alertmanager are optional (None when missing: ``demo.run`` then
+plays their part in plain Python); ``Stack.stop()`` stops every process by PID and removes the temp dir.
 """
 from __future__ import annotations
 
@@ -25,9 +18,9 @@ from pathlib import Path
 import requests
 import yaml
 
-from tests.support.processes import Process, start_server
-from tests.support.stack import EXAMPLES
-from tests.support.stack import Stack as Chain
+from harness.processes import Process, start_server
+from harness.stack import EXAMPLES
+from harness.stack import Stack as Chain
 
 TARGET = "vllm-sim"          # the `target` label and the webhook's target name
 CONTAINER = "vllm-sim"       # the `container` label: the stand-in container the webhook may restart

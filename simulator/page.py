@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PAGES = Path(__file__).resolve().parent / "pages"
+CONTENT_TYPE_METRICS = "text/plain; version=1.0.0; charset=utf-8"  # what vLLM 0.32 answers (prometheus_client 0.26)
 MODEL = "@MODEL@"
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?(?:\s+(\S+))?(?:\s+\S+)?\s*$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

@@ -14,9 +14,9 @@ import pytest
 import requests
 
 from hangwatch.simulator import CONTENT_TYPE_METRICS, Simulator, main  # noqa: F401
+from harness.processes import Process
+from harness.wait import wait_until as support_wait_until
 from tests.sim_fixtures import CAPTURES, sample, scrape, shape, vllm_lines, wait_until
-from tests.support.processes import Process
-from tests.support.wait import wait_until as support_wait_until
 
 # capture file -> (simulator state, state parameters, multiprocess)
 CAPTURE_STATES = {
@@ -436,6 +436,20 @@ def test_command_line_serves_and_is_driven_over_http(tmp_path):
     assert proc.popen.returncode == 0, proc.log_tail()
 
 
-def test_command_line_refuses_non_loopback():
-    with pytest.raises(SystemExit):
-        main(["--listen", "0.0.0.0:8000"])
+def test_command_line_listens_where_it_is_told(tmp_path):
+    """The compose ``sim`` profile runs it on 0.0.0.0 (no relay in front of it)."""
+    proc = Process("simulator", [sys.executable, "-m", "hangwatch.simulator", "--listen", "0.0.0.0:0"],
+                   tmp_path / "simulator.log").start()
+    try:
+        port = proc.wait_port()
+        support_wait_until(lambda: "listening on http://0.0.0.0:" in proc.log_tail(), 20,
+                           "the simulator to announce 0.0.0.0")
+        assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).ok
+    finally:
+        proc.stop()
+    assert proc.popen.returncode == 0, proc.log_tail()
+
+
+def test_an_address_it_cannot_bind_exits_64(capsys):
+    assert main(["--listen", "192.0.2.1:8000"]) == 64      # TEST-NET-1: never this host's address
+    assert "cannot listen on 192.0.2.1:8000" in capsys.readouterr().err

@@ -13,9 +13,12 @@ import ipaddress
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Iterator
 from urllib.parse import urlsplit
 
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column
+CLOSE_WAIT = "08"
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")  # this network namespace's, IPv4 and IPv6
 SECRET_FLAGS = ("key", "token", "secret", "password", "passwd", "credential", "auth")
 REDACTED = "<redacted>"
 
@@ -103,29 +106,41 @@ def pids(proc: str = "/proc") -> list[int]:
         return []
 
 
-def listening_inodes(table: str, port: int, wanted: set[str] | None) -> set[str]:
-    """Socket inodes listening on ``port`` in one /proc/PID/net/tcp{,6} table.
-    ``wanted``: the addresses the URL's host names (a wildcard bind always matches)."""
-    inodes: set[str] = set()
+def socket_rows(table: str) -> Iterator[tuple[str, int, str, str]]:
+    """(local address in hex, local port, state, inode) of each socket in one /proc/net/tcp{,6} table.
+    The one reader of these tables (forensics, the test harness, the benchmarks): an unreadable table
+    has no rows and a malformed line is skipped."""
     try:
         with open(table, encoding="ascii", errors="replace") as handle:
             next(handle, None)
             for line in handle:
                 fields = line.split()
-                if len(fields) < 10 or fields[3] != LISTEN:
+                if len(fields) < 10:
                     continue
                 address, _, hexport = fields[1].partition(":")
                 try:
-                    if int(hexport, 16) != port:
-                        continue
-                    bound = _address(address)
+                    port = int(hexport, 16)
                 except ValueError:
                     continue
-                if wanted is None or bound.is_unspecified or str(bound) in wanted or \
-                        (bound.is_loopback and "loopback" in wanted):
-                    inodes.add(fields[9])
+                yield address, port, fields[3], fields[9]
     except OSError:
-        pass
+        return
+
+
+def listening_inodes(table: str, port: int, wanted: set[str] | None) -> set[str]:
+    """Socket inodes listening on ``port`` in one /proc/PID/net/tcp{,6} table.
+    ``wanted``: the addresses the URL's host names (a wildcard bind always matches)."""
+    inodes: set[str] = set()
+    for address, bound_port, state, inode in socket_rows(table):
+        if state != LISTEN or bound_port != port:
+            continue
+        try:
+            bound = _address(address)
+        except ValueError:
+            continue
+        if wanted is None or bound.is_unspecified or str(bound) in wanted or \
+                (bound.is_loopback and "loopback" in wanted):
+            inodes.add(inode)
     return inodes
 
 

@@ -1,12 +1,23 @@
-"""What every test tier (and ``python -m demo``) shares, once:
+"""What only the tests share (the rest is in the top-level ``harness`` package, shared with demo/ and bench/):
 
-- ``wait``: ``wait_until(predicate, deadline, what)``, the one way to wait;
-- ``ports``: servers bind port 0 and the port is read back from /proc; ``free_port`` only
-  for servers that must be told theirs (with a retry when it was taken);
-- ``processes``: a server process with its own log, its real port, stopped by PID;
-- ``stack``: the one Prometheus + Alertmanager stack built from the shipped examples;
-- ``receiver``: an Alertmanager webhook receiver that records deliveries;
 - ``require``: a missing real part fails in CI and skips elsewhere (``tests/conftest.py``
   fails every other skip under CI);
-- ``pages``: a tiny HTTP server answering whatever a bad-input test needs.
+- ``pages``: a tiny HTTP server answering whatever a bad-input test needs;
+- ``hostile``, ``servers``, ``kubectl``, ``wheel``: misbehaving servers, hangwatch server processes,
+  the pinned kubectl, the built wheel.
+
+``wait``, ``ports``, ``processes``, ``stack`` and ``receiver`` here are the ``harness`` modules under their
+old names, for tests that still import them from here.
 """
+import sys
+
+import harness.ports
+import harness.processes
+import harness.receiver
+import harness.stack
+import harness.wait
+
+for _module in (harness.ports, harness.processes, harness.receiver, harness.stack, harness.wait):
+    _name = _module.__name__.rsplit(".", 1)[1]
+    sys.modules[f"{__name__}.{_name}"] = _module
+    globals()[_name] = _module

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .ports import closed_port  # noqa: F401 (the bad-input tests import it from here)
+from harness.ports import closed_port  # noqa: F401 (the bad-input tests import it from here)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .processes import REPO
+from harness.processes import REPO
 
 LOCK = Path(tempfile.gettempdir()) / "hangwatch-tests-wheel.lock"
 

@@ -17,8 +17,8 @@ import pytest
 import requests
 
 from hangwatch.webhook.server import CONNECTION_LIMIT, MAX_BODY_BYTES, MAX_HEADER_BYTES
+from harness.alert_payloads import payload
 
-from .big_payload import payload
 from .flood import Watch, flood
 from .real_parts import WebhookProcess
 

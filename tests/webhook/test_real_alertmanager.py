@@ -8,15 +8,13 @@ webhook, the people receiver (e-mail in the example) to a small recorder here. O
 re-sends every 2 s (``repeat_interval``) are skipped, the resolved notification is only
 counted, and a person has been told.
 """
-import json
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 import yaml
 
+from harness.receiver import Receiver
 from tests.support.require import require_binary
 
 from .real_parts import (
@@ -30,36 +28,6 @@ from .real_parts import (
     wait_for,
     webhook_config,
 )
-
-
-class People:
-    """Records what Alertmanager's people receiver delivers."""
-
-    def __init__(self):
-        self.alerts: list[dict] = []
-        people = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                people.alerts.extend(body.get("alerts", []))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/people"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def firing(self, alertname: str) -> list[dict]:
-        return [a for a in self.alerts if a["status"] == "firing" and a["labels"].get("alertname") == alertname]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def example_config(webhook_url: str, token_file, people_url: str) -> dict:
@@ -122,9 +90,9 @@ def counted(webhook, reason: str) -> float:
 def test_one_hang_notification_restarts_the_container_once_and_reaches_people(tmp_path, backend, alertmanager):
     hung = backend("hung")
     webhook = WebhookProcess(webhook_config(tmp_path, [hung]), tmp_path / "webhook.log")
-    people = People()
+    people = Receiver()
     try:
-        am = alertmanager(example_config(webhook.url, tmp_path / "token", people.url))
+        am = alertmanager(example_config(webhook.url, tmp_path / "token", people.url + "/people"))
         labels = {"alertname": "HangwatchBackendHung", "severity": "critical", "action": "restart",
                   "target": hung.name, "container": hung.name}
         posted = requests.post(am + "/api/v2/alerts", json=[{"labels": labels, "startsAt": now_rfc3339()}], timeout=5)
@@ -132,8 +100,8 @@ def test_one_hang_notification_restarts_the_container_once_and_reaches_people(tm
         def decided():
             return [d for d in ledger(tmp_path / "state") if d["event"] == "decision"]
         wait_for(lambda: any(d["reason"] == "hung" for d in decided()), 60, "the webhook to restart", 0.2)
-        wait_for(lambda: people.firing("HangwatchBackendHung"), 30, "the people receiver to hear of the hang", 0.2)
-        assert people.firing("HangwatchBackendHung")[0]["labels"]["target"] == hung.name
+        wait_for(lambda: people.alerts("/people", "HangwatchBackendHung"), 30, "the people receiver to hear of the hang", 0.2)
+        assert people.alerts("/people", "HangwatchBackendHung")[0][1]["labels"]["target"] == hung.name
         # Alertmanager keeps re-sending the still-active alert every 2 s; each re-send must be refused.
         wait_for(lambda: sum(d["reason"] in ("already_restarted", "duplicate") for d in decided()) >= 2, 30,
                  "Alertmanager's re-sends to reach the webhook", 0.2)

@@ -18,6 +18,8 @@ import os
 import re
 import socket
 
+from hangwatch.forensics.processes import LISTEN, TCP_TABLES, socket_rows
+
 _IN_USE = re.compile(r"address already in use|EADDRINUSE|errno 98|couldn't bind|bind: address",
                      re.IGNORECASE)
 
@@ -71,16 +73,5 @@ def _socket_inodes(pid: int) -> set[str]:
 def listening_ports(pid: int) -> list[int]:
     """TCP ports process ``pid`` listens on (IPv4 and IPv6), lowest first."""
     inodes = _socket_inodes(pid)
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                next(handle)
-                for line in handle:
-                    fields = line.split()
-                    # local_address is HEXIP:HEXPORT; state 0A is LISTEN; field 9 is the inode.
-                    if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
-                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-        except OSError:
-            continue
-    return sorted(ports)
+    return sorted({port for table in TCP_TABLES for _, port, state, inode in socket_rows(table)
+                   if state == LISTEN and inode in inodes})

@@ -8,7 +8,7 @@ process that started it (PR_SET_PDEATHSIG), so a killed test run leaves nothing 
 
 A server that must be told its port before it binds (a FastChat worker, vLLM) is started on
 ``ports.free_port()`` and started again on another port when ``ports.address_in_use`` finds
-the bind failure in its log; see ``tests/real_fastchat/fleet.py`` and ``tests/real/vllm_server.py``.
+the bind failure in its log; see ``tests/real_fastchat/fleet.py`` and ``harness/vllm_server.py``.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import requests
 from .ports import listening_ports
 from .wait import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 try:  # loaded here, not in the forked child (no imports between fork and exec)
     _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl

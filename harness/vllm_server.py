@@ -1,7 +1,7 @@
 """Start, freeze, restart and load a real vLLM (CPU) for the real test tier and the captures.
 
-Used by ``tests/real/conftest.py`` (the session fixture ``real_vllm``) and by
-``tests/real/capture.py``. Standard library + ``requests`` only; the model directory is
+Used by ``tests/real/conftest.py`` (the session fixture ``real_vllm``), ``tests/real/capture.py``
+and the soak benchmarks. Standard library + ``requests`` only; the model directory is
 built by ``tinymodel.py`` run with the vLLM venv's python.
 
 Everything listens on 127.0.0.1 only. Everything started here is stopped by :meth:`stop`
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import requests
 
-from tests.real import tinymodel
-from tests.support.ports import address_in_use, free_port, listening_ports
-from tests.support.wait import WaitTimeout, wait_until
+from harness import tinymodel
+from harness.ports import address_in_use, free_port, listening_ports
+from harness.wait import WaitTimeout, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_VENV = "/var/cache/hangwatch/vllm-venv"
@@ -48,7 +48,7 @@ MAX_MODEL_LEN = 65536
 WORKER_TITLE = "VLLM::Worker"
 # The fault plugin (tests/vllm_faults): on the server processes' PYTHONPATH, vLLM loads its
 # ``vllm.general_plugins`` entry point in every process; inert unless HANGWATCH_VLLM_FAULT names a fault.
-FAULTS_DIR = os.path.join(os.path.dirname(HERE), "vllm_faults")
+FAULTS_DIR = os.path.join(os.path.dirname(HERE), "tests", "vllm_faults")
 
 
 def fault_env(fault: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ whitespace, so ``" ".join(f"w{i % N}" for i in range(k))`` is exactly ``k`` prom
 
 Run with the vLLM venv's python (it has ``tokenizers``)::
 
-    /var/cache/hangwatch/vllm-venv/bin/python tests/real/tinymodel.py DIR
+    /var/cache/hangwatch/vllm-venv/bin/python harness/tinymodel.py DIR
 
 The main test process imports this module only for :func:`long_prompt` and the constants,
 which need nothing beyond the standard library.

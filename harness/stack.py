@@ -6,10 +6,10 @@
 Configs are the shipped examples with only addresses, paths and timings replaced: the
 scrape interval and timeout, and the rules ``hangwatch rules`` renders for that interval,
 so what is tested is what users deploy. The restart route goes to ``hook_url`` (the real
-webhook) or to the in-process :class:`~tests.support.receiver.Receiver`'s ``/alerts``
+webhook) or to the in-process :class:`~harness.receiver.Receiver`'s ``/alerts``
 (Bearer token checked); everything else goes to the receiver's ``/people``.
 
-Every server binds port 0 and its port is read back (``tests.support.ports``); every process
+Every server binds port 0 and its port is read back (``harness.ports``); every process
 is stopped by PID in :meth:`Stack.close`. With ``targets=None`` the stack watches one
 backend called ``vllm-a`` (container ``vllm-a``): the given ``simulator`` (anything with a
 ``.url``, a real vLLM included) or an in-process simulator it starts and stops itself.

@@ -1,0 +1,40 @@
+"""The demo and the benchmarks stand on the shared harness, never on the tests; the simulator is small files.
+
+``harness/`` (top level, not installed) is what tests, ``python -m demo`` and ``bench/`` share; a
+demo or a benchmark that imports ``tests`` ties a user-facing script to the test suite's layout.
+The simulator, installed as ``hangwatch.simulator``, keeps to the house's 400-line module limit.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted([*(ROOT / "demo").rglob("*.py"), *(ROOT / "bench").rglob("*.py"), *(ROOT / "harness").rglob("*.py")])
+
+
+def top_level_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[str(p.relative_to(ROOT)) for p in SCRIPTS])
+def test_demo_bench_and_harness_import_nothing_from_tests(path):
+    assert "tests" not in top_level_imports(path)
+
+
+def test_the_demo_and_the_benchmarks_use_the_shared_harness():
+    users = [p for p in SCRIPTS if "harness" in top_level_imports(p) and p.parts[-2] in ("demo", "bench")]
+    assert {p.parts[-2] for p in users} == {"demo", "bench"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "simulator").glob("*.py")), ids=lambda p: p.name)
+def test_no_simulator_module_is_over_400_lines(path):
+    assert len(path.read_text().splitlines()) <= 400
