@@ -32,9 +32,8 @@ class AnswerReader:
 
     def _head(self, data) -> None:
         """The status line and headers, line by line from a read position: the rest of the
-        buffer is never copied per line (a 55 KB page used to be copied once per header line). A
-        read that starts an answer is read where it landed (``data`` is the start of
-        ``LoopClient.landing``): the page is copied once, into the body, not first into a buffer."""
+        buffer is never copied per line. A read that starts an answer is read where it landed
+        (``data`` is the start of ``LoopClient.landing``): the page is copied once, into the body."""
         eof = not data
         if self.buffer or not isinstance(data, memoryview):
             buffer = self.buffer
