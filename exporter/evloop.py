@@ -1,12 +1,9 @@
 """A small event loop for the exporter's server: file descriptors, timers, calls from threads.
 
-Not asyncio: a busy backend's scrape is two cold wake-ups of the loop, and asyncio spends a few
-dozen Python calls of its own machinery on each (a Handle per event, the ready queue, a context
-per callback, the selector's keys); here a ready descriptor is one dict look-up and one call
-(bench/RESULTS-exporter.md). It offers the part of asyncio's loop API that ``httpconn`` and
-``loopget`` use, so ``loopfetch`` runs on either loop; everything but ``call_soon_threadsafe`` and
-``stop_threadsafe`` is for the loop's own thread. A callback that raises is logged and the loop
-goes on: one bad request must not stop a server that carries thousands of targets.
+Not asyncio: a busy backend's scrape is two cold wake-ups, and asyncio spends dozens of Python
+calls of its own on each; here a ready descriptor is one dict look-up and one call
+(bench/RESULTS-exporter.md). It offers the part of asyncio's loop API the exporter uses, so
+``loopfetch`` runs on either. A callback that raises is logged and the loop goes on.
 """
 from __future__ import annotations
 
@@ -65,7 +62,8 @@ class _Soon:
 
 
 class Loop:
-    """One epoll, a heap of timers, a queue of calls (see the module doc)."""
+    """One epoll, a heap of timers, a queue of calls. Everything but ``call_soon_threadsafe`` and
+    ``stop_threadsafe`` is for the loop's own thread."""
 
     def __init__(self):
         self._epoll = select.epoll()

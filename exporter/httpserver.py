@@ -1,13 +1,10 @@
 """The exporter's HTTP server: bounded connections, threads and waits, whatever its peers do.
 
-The standard library's server gives each connection a thread (a client sending its request
-slowly holds one for as long as it likes) and a listen backlog of 5 (a Prometheus restart that
-scrapes a thousand targets at once loses connections). Here one event loop (``evloop``) reads
-every connection (``httpconn``), no peer address can starve another of connections or work slots,
-work waits for a slot only as long as its route allows and is answered 503 then; cheap routes are
-answered on the loop at once. The server knows nothing about the exporter: it maps paths to
-``Route`` objects, and a route maps a ``Request`` to a ``Response`` (docs/design.md, "Many
-backends, one exporter").
+A thread per connection (the standard library's server) lets a slow client hold a thread as long
+as it likes; here one loop reads every connection (``httpconn``), no peer address can starve
+another of connections or work slots, and work that waits longer than its route allows is
+answered 503. It knows nothing about the exporter: paths map to ``Route``s (docs/design.md,
+"Many backends, one exporter").
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """One GET on the exporter's event loop, with no thread: the busy-backend read.
 
-A busy backend's scrape is one GET of its /metrics. On a worker thread (``fetch.Client``) it
-costs several thread wake-ups, more CPU than the reading itself; here the loop that read the
-scrape request connects, sends and is called back when bytes arrive (``LoopGet``), under the same
-rules as ``fetch`` (one ``Deadline``, the same endings and statuses, the same framing and limits).
-Only plain ``http://`` to an IP address: a host name needs a blocking resolver and TLS a
-handshake, so those targets go to ``fetch.Client`` on a worker thread (``can_get``).
+On a worker thread (``fetch.Client``) a reading costs several thread wake-ups, more CPU than the
+reading itself; here the loop that read the scrape request also reads the backend (``LoopGet``),
+under ``fetch``'s rules. Only ``http://`` to an IP address: a host name or TLS would block, so
+those go to ``fetch.Client`` on a worker thread (``can_get``).
 """
 from __future__ import annotations
 

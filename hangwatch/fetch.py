@@ -1,11 +1,10 @@
 """HTTP for readings: every byte of every request of one reading arrives before one deadline.
 
-How a request fails is itself the reading (refused: the port is closed, perhaps loading weights;
-accepted but silent: the process is wedged), so the failure is classified here, once, for every
-caller. Not ``requests``: its timeouts bound each socket read, not the request, so a server that
-drips its answer could hold a reading for as long as it liked. Here ``http.client`` parses over a
-socket that re-arms its timeout before every read and write with what is left until the reading's
-``Deadline``. Redirects are never followed, so a target's API key only ever goes to that target.
+How a request fails is itself the reading (refused: down; accepted but silent: wedged), so it is
+classified here, once. Not ``requests``: its timeouts bound each socket read, so a server that
+drips its answer holds a reading as long as it likes; here ``http.client`` parses over a socket
+that re-arms its timeout before every read with what is left until the ``Deadline``. Redirects
+are never followed, so a target's API key only ever goes to that target.
 """
 from __future__ import annotations
 
