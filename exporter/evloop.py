@@ -1,20 +1,9 @@
 """A small event loop for the exporter's server: file descriptors, timers, calls from threads.
 
-Why not asyncio: a scrape of a busy backend is two wake-ups of the loop (the scrape request,
-the backend's answer), and at scrape rates each runs cold (15 ms apart at 1,000 backends over
-15 s). asyncio spends a few dozen Python calls per wake-up on its own machinery (a Handle per
-event, the ready queue, a context per callback, the selector's key objects); here a ready
-descriptor is one dict look-up and one call. Measured with the same exporter work on both
-(bench/bench_exporter_scale.py's spread shape): about 0.1 ms of CPU less per scrape.
-
-What it offers is the part of asyncio's loop API that ``hangwatch.exporter.httpserver`` and
-``hangwatch.exporter.loopfetch`` use — ``add_reader``/``remove_reader``, ``add_writer``/
-``remove_writer``, ``call_at``/``call_later``/``call_soon`` (each returning something with
-``cancel()``), ``call_soon_threadsafe``, ``time()`` — so ``loopfetch`` runs on either loop.
-Everything but ``call_soon_threadsafe`` and ``stop_threadsafe`` is for the loop's own thread.
-
-A callback that raises is logged and the loop goes on: one bad request must not stop a
-server that carries thousands of targets.
+Not asyncio: a busy backend's scrape is two cold wake-ups, and asyncio spends dozens of Python
+calls of its own on each; here a ready descriptor is one dict look-up and one call
+(bench/RESULTS-exporter.md). It offers the part of asyncio's loop API the exporter uses, so
+``loopfetch`` runs on either. A callback that raises is logged and the loop goes on.
 """
 from __future__ import annotations
 
@@ -73,7 +62,8 @@ class _Soon:
 
 
 class Loop:
-    """One epoll, a heap of timers, a queue of calls (see the module doc)."""
+    """One epoll, a heap of timers, a queue of calls. Everything but ``call_soon_threadsafe`` and
+    ``stop_threadsafe`` is for the loop's own thread."""
 
     def __init__(self):
         self._epoll = select.epoll()

@@ -24,8 +24,8 @@ import json
 import time
 from typing import Callable
 
-from .fetch import OK, TIMEOUT, Client, Deadline, Fetched
-from .observation import ANSWERED, BLIND, PROBE_ANSWERED, PROBE_FAILED, Observation, Options, ProbeResult
+from .fetch import Client, Deadline, Fetched
+from .observation import BLIND, OK, PROBE_ANSWERED, PROBE_FAILED, TIMEOUT, Observation, Options, ProbeResult
 from .observe import not_answered, observe_load
 from .probe import outcome_of
 from .reading import Reading
@@ -101,7 +101,7 @@ def read_worker_status(client: Client, url: str, deadline: Deadline, options: Op
     except ValueError as exc:
         return Observation(taken_at, BLIND, error=f"/worker_get_status unusable: {exc}",
                            scrape_seconds=fetched.elapsed)
-    return Observation(taken_at, ANSWERED, reading=reading, scrape_seconds=fetched.elapsed)
+    return Observation(taken_at, OK, reading=reading, scrape_seconds=fetched.elapsed)
 
 
 def observe_worker(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
@@ -135,7 +135,7 @@ def observe_controller(client: Client, url: str, deadline: Deadline, options: Op
         return Observation(taken_at, BLIND, error=f"/list_models unusable ({fetched.error or 'no model list'})",
                            scrape_seconds=elapsed)
     models = sorted(models)[:64]
-    return Observation(taken_at, ANSWERED, listed_models=tuple(models), scrape_seconds=elapsed,
+    return Observation(taken_at, OK, listed_models=tuple(models), scrape_seconds=elapsed,
                        detail=f"controller answers; {len(models)} model(s) registered: "
                               f"{', '.join(models) or 'none'}")
 
@@ -165,13 +165,13 @@ def observe_api(client: Client, url: str, deadline: Deadline, options: Options =
         return failed
     answer = _json(fetched)
     if fetched.http_status == 401:
-        return Observation(taken_at, ANSWERED, scrape_seconds=fetched.elapsed,
+        return Observation(taken_at, OK, scrape_seconds=fetched.elapsed,
                            detail="API server answers (401: API keys are set; give hangwatch one to check its "
                                   "controller too)")
     if fetched.http_status == 400 and isinstance(answer, dict) and answer.get("code") == INVALID_MODEL:
         models = api_models(str(answer.get("message", "")))
         if models is not None:
-            return Observation(taken_at, ANSWERED, listed_models=models, scrape_seconds=fetched.elapsed,
+            return Observation(taken_at, OK, listed_models=models, scrape_seconds=fetched.elapsed,
                                detail=f"API server and its controller answer; {len(models)} model(s) registered: "
                                       f"{', '.join(models) or 'none'}")
     if fetched.http_status is not None and fetched.http_status >= 500:

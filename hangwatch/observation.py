@@ -10,8 +10,12 @@ from dataclasses import dataclass
 
 from .reading import Reading
 
-# How the target answered (Observation.status).
-ANSWERED, BLIND, REFUSED, UNREACHABLE, TIMEOUT = "ok", "blind", "refused", "unreachable", "timeout"
+# How a request ended (``fetch.Fetched.status``) and how a target answered (``Observation.status``):
+# one set of names for both. A fetch ends OK, REFUSED, UNREACHABLE, TIMEOUT, HTTP_ERROR, TOO_LARGE
+# or BROKEN; an observation is OK, BLIND, REFUSED, UNREACHABLE or TIMEOUT (``observe.not_answered``).
+OK, REFUSED, UNREACHABLE, TIMEOUT = "ok", "refused", "unreachable", "timeout"
+HTTP_ERROR, TOO_LARGE, BROKEN = "http_error", "too_large", "broken"
+BLIND = "blind"
 
 # How the idle probe ended (ProbeResult.outcome). Only FAILED can ever count toward "hung":
 # a 4xx (REJECTED) means the API server refused the request before the engine saw it — a
@@ -81,7 +85,7 @@ class Observation:
     @property
     def answered(self) -> bool:
         """The server answered HTTP at all (even if the page was unusable)."""
-        return self.status in (ANSWERED, BLIND)
+        return self.status in (OK, BLIND)
 
     def as_dict(self) -> dict:
         return {

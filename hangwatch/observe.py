@@ -20,17 +20,17 @@ from typing import Callable
 
 from .engines import ENGINES_BY_NAME
 from .fetch import BROKEN, OK, REFUSED, TIMEOUT, TOO_LARGE, UNREACHABLE, Client, Deadline, Fetched
-from .observation import ANSWERED, BLIND, PROBE_NONE, Observation, Options, ProbeResult
+from .observation import BLIND, PROBE_NONE, Observation, Options, ProbeResult
 from .probe import send_probe
 from .reading import UnreadablePage, parse
 from .verdict import progress, same_process
 
-# A load reader: (client, url, deadline, options, taken_at) -> Observation (ANSWERED with a reading, or not).
+# A load reader: (client, url, deadline, options, taken_at) -> Observation (OK with a reading, or not).
 LoadReader = Callable[[Client, str, Deadline, Options, float], Observation]
 # A prober: (client, url, deadline, options) -> ProbeResult.
 Prober = Callable[[Client, str, Deadline, Options], ProbeResult]
 
-_STATUS = {REFUSED: REFUSED, UNREACHABLE: UNREACHABLE, TIMEOUT: TIMEOUT, BROKEN: UNREACHABLE}
+_NOT_ANSWERED = (REFUSED, UNREACHABLE, TIMEOUT, BROKEN)
 
 
 def not_answered(taken_at: float, fetched: Fetched, what: str, *, named: bool = True) -> Observation | None:
@@ -39,9 +39,10 @@ def not_answered(taken_at: float, fetched: Fetched, what: str, *, named: bool = 
     ``named``: the error starts with ``what`` (a FastChat endpoint); a backend's /metrics
     failure is told as it is ("connection refused"), which is what the verdict's reason shows.
     """
-    if fetched.status in _STATUS and not (fetched.status == BROKEN and fetched.http_status is not None):
+    if fetched.status in _NOT_ANSWERED and not (fetched.status == BROKEN and fetched.http_status is not None):
         error = f"{what}: {fetched.error}" if named else fetched.error
-        return Observation(taken_at, _STATUS[fetched.status], error=error, scrape_seconds=fetched.elapsed)
+        status = UNREACHABLE if fetched.status == BROKEN else fetched.status
+        return Observation(taken_at, status, error=error, scrape_seconds=fetched.elapsed)
     if fetched.status == TOO_LARGE:
         return Observation(taken_at, BLIND, error=f"{what} {fetched.error}", scrape_seconds=fetched.elapsed)
     return None
@@ -89,7 +90,7 @@ def moved_between(before: Observation, after: Observation) -> list[str]:
 def probe_due(observation: Observation, options: Options) -> bool:
     """The idle probe goes out only when a reading shows nothing in flight, the engine awake."""
     reading = observation.reading
-    return (observation.status == ANSWERED and reading is not None and reading.in_flight == 0
+    return (observation.status == OK and reading is not None and reading.in_flight == 0
             and not reading.asleep and options.probe != PROBE_NONE)
 
 
@@ -110,7 +111,7 @@ def metrics_observation(taken_at: float, fetched: Fetched, options: Options) -> 
         reading = parse(fetched.body, options.engine)  # bytes: the page is never decoded whole
     except UnreadablePage as exc:
         return Observation(taken_at, BLIND, error=f"/metrics unusable: {exc}", scrape_seconds=fetched.elapsed)
-    return Observation(taken_at, ANSWERED, reading=reading, scrape_seconds=fetched.elapsed)
+    return Observation(taken_at, OK, reading=reading, scrape_seconds=fetched.elapsed)
 
 
 def engine_version(client: Client, url: str, engine: str, deadline: Deadline, options: Options) -> str | None:
@@ -146,9 +147,9 @@ def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options
     if failed is not None:
         return failed
     if fetched.status != OK and fetched.http_status in (401, 403):
-        return Observation(taken_at, ANSWERED, scrape_seconds=fetched.elapsed,
+        return Observation(taken_at, OK, scrape_seconds=fetched.elapsed,
                            detail=f"proxy answers /v1/models (HTTP {fetched.http_status}: give hangwatch its API key "
                                   "to see its model list)")
     if fetched.status != OK:
         return Observation(taken_at, BLIND, error=f"/v1/models answered {fetched.error}", scrape_seconds=fetched.elapsed)
-    return Observation(taken_at, ANSWERED, scrape_seconds=fetched.elapsed)
+    return Observation(taken_at, OK, scrape_seconds=fetched.elapsed)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .engines import ENGINES_BY_NAME, GAUGE_FIELDS
-from .observation import ANSWERED, BLIND, REFUSED, TIMEOUT, UNREACHABLE, Observation
+from .observation import BLIND, OK, REFUSED, TIMEOUT, UNREACHABLE, Observation
 from .reading import Reading
 
 IDLE, BUSY, HUNG, STALLED, RESTARTED, DOWN = "idle", "busy", "hung", "stalled", "restarted", "down"
@@ -155,7 +155,7 @@ def _judge_output(observations: Sequence[Observation], busy: Verdict, window: fl
     start = len(observations) - 1
     while start > 0:
         before = observations[start - 1]
-        if before.status != ANSWERED or before.reading is None or before.reading.in_flight == 0:
+        if before.status != OK or before.reading is None or before.reading.in_flight == 0:
             break
         if before.reading.output() != observations[start].reading.output():
             break
@@ -178,7 +178,7 @@ def _judge_reading(observations: Sequence[Observation], grace: float) -> Verdict
     last = observations[-1]
     reading = last.reading
     previous = observations[-2] if len(observations) >= 2 else None
-    if previous is not None and previous.status == ANSWERED and previous.reading is not None \
+    if previous is not None and previous.status == OK and previous.reading is not None \
             and not same_process(previous.reading, reading):
         how = ("process start time changed" if reading.process_start and previous.reading.process_start
                else "counters went backwards")
@@ -230,7 +230,7 @@ def _judge_in_flight(observations: Sequence[Observation], grace: float) -> Verdi
     start = len(observations) - 1
     while start > 0:
         before = observations[start - 1]
-        if before.status != ANSWERED or before.reading is None or before.reading.schedulable == 0:
+        if before.status != OK or before.reading is None or before.reading.schedulable == 0:
             break
         if not same_process(before.reading, observations[start].reading):
             break

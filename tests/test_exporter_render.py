@@ -11,7 +11,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 from hangwatch.exporter.collector import families_for, render
 from hangwatch.fetch import TIMEOUT
-from hangwatch.observe import ANSWERED, BLIND, Observation
+from hangwatch.observe import BLIND, OK, Observation
 from hangwatch.probe import ProbeResult
 from hangwatch.reading import Reading, parse
 from tests.test_reading import VLLM_TWO_ENGINES
@@ -33,17 +33,17 @@ def reference(families) -> bytes:
 
 BUSY = parse(VLLM_TWO_ENGINES)
 OBSERVATIONS = {
-    "busy": (Observation(0.0, ANSWERED, reading=BUSY), "backend"),
-    "idle probed": (Observation(0.0, ANSWERED, reading=Reading("vllm", 0.0, 0.0, steps=1e21, kv_cache_usage=1e-7,
+    "busy": (Observation(0.0, OK, reading=BUSY), "backend"),
+    "idle probed": (Observation(0.0, OK, reading=Reading("vllm", 0.0, 0.0, steps=1e21, kv_cache_usage=1e-7,
                                                                    process_start=1.7644e9, models=("a", "b"),
                                                                    version="0.32.0"),
                                 probe=ProbeResult(True, 0.0123, "ok")), "backend"),
-    "failed probe": (Observation(0.0, ANSWERED, reading=Reading("llamacpp", 0, 0),
+    "failed probe": (Observation(0.0, OK, reading=Reading("llamacpp", 0, 0),
                                  probe=ProbeResult(False, 2.5, "no")), "backend"),
     "stalled": (Observation(0.0, TIMEOUT, error="x"), "backend"),
     "blind": (Observation(0.0, BLIND, error="x"), "fastchat_worker"),
-    "controller": (Observation(0.0, ANSWERED, listed_models=("m\"1", "m\\2", "m\n3", "ünï")), "fastchat_controller"),
-    "odd labels": (Observation(0.0, ANSWERED, reading=Reading("vllm", 1, 2, models=('q"uote', "back\\slash", "new\nline"),
+    "controller": (Observation(0.0, OK, listed_models=("m\"1", "m\\2", "m\n3", "ünï")), "fastchat_controller"),
+    "odd labels": (Observation(0.0, OK, reading=Reading("vllm", 1, 2, models=('q"uote', "back\\slash", "new\nline"),
                                                                  version='v"1\\')), "backend"),
 }
 

@@ -1,9 +1,9 @@
-"""The exporter's two HTTP clients against hostile backends and names (issue 23, items 4 and 8).
+"""The exporter's two HTTP clients against hostile backends and names.
 
 - every line of an answer — status, header, chunk size, trailer — is bounded as ``http.client``
-  bounds it (64 KiB), in ``fetch.Client`` and in ``loopfetch``: measured on main, a trailer
-  line that never ends was buffered by ``loopfetch`` (28 -> 342 MiB in one probe);
-- one TLS context, reused (main built one per HTTPS connection: ~28 ms of CPU each);
+  bounds it (64 KiB), in ``fetch.Client`` and in ``loopfetch``: a line that never ends is a
+  broken answer, not a buffer that grows;
+- one TLS context, reused (building one reads the system's CA store);
 - name resolution and every address's connect happen inside the reading's one deadline;
 - a host name that is no valid name (a 64-character label, ``a..b``) reads as down, never a 500.
 

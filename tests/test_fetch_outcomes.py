@@ -130,3 +130,21 @@ def test_a_tls_handshake_that_fails_is_unreachable(ending):
 def test_a_name_that_does_not_resolve_is_unreachable():
     observation = threaded("http://no-such-backend.invalid:8000")  # .invalid never resolves (RFC 6761)
     assert (observation.status, judge([observation]).state) == (UNREACHABLE, "down"), observation
+
+
+def test_a_fetch_and_an_observation_speak_one_set_of_status_names():
+    """One definition (``hangwatch.observation``): a fetch's ending that is no answer becomes an
+    observation of the same name (a connection closed without an answer is unreachable), with no
+    table in between that could drift from either side."""
+    from hangwatch import fetch, observation
+    from hangwatch.fetch import Fetched
+    from hangwatch.observe import not_answered
+
+    for name in ("OK", "REFUSED", "UNREACHABLE", "TIMEOUT", "HTTP_ERROR", "TOO_LARGE", "BROKEN"):
+        assert getattr(fetch, name) is getattr(observation, name), name
+    assert not hasattr(observation, "ANSWERED")
+    for status in (REFUSED, UNREACHABLE, TIMEOUT):
+        assert not_answered(0.0, Fetched(status, error="x"), "/metrics").status == status
+    assert not_answered(0.0, Fetched(fetch.BROKEN, error="x"), "/metrics").status == UNREACHABLE
+    assert not_answered(0.0, Fetched(fetch.TOO_LARGE, error="x"), "/metrics").status == BLIND
+    assert not_answered(0.0, Fetched(fetch.OK), "/metrics") is None

@@ -1,9 +1,8 @@
 """Backends that drip bytes, refuse the probe or answer 5xx: every reading ends before its deadline,
 and only a probe that *failed* (no answer in time, broken, 5xx) ever counts toward hung.
 
-Measured before this (issue 10): a server dripping its headers held one 2.5 s reading for
-50-60 s, and a keyed vLLM's 401 to the idle probe was called hung. The budgets below are the
-reading's own; the slack allows for a loaded two-core machine, never for a second budget.
+The budgets below are the reading's own; the slack allows for a loaded two-core machine, never
+for a second budget.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""The exporter's own HTTP server against hostile clients (issue 23, server part).
-
-Each test is an attack that worked on the hand-written parser and first-come server: request
-smuggling shapes and other heads RFC 9112 says a server MUST reject, targets that raised past
-the connection, one address holding the whole connection table, 20,000 distinct heads kept in
-memory, and synchronous answers that lost the only work slot.
+"""The exporter's own HTTP server against hostile clients: request smuggling shapes and other heads
+RFC 9112 says a server MUST reject, targets that could raise past the connection, one address
+holding the whole connection table, 20,000 distinct heads, and synchronous answers queued behind
+the only work slot. Each must cost the attacker's own connection at most.
 """
 from __future__ import annotations
 

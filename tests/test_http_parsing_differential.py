@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hangwatch.exporter.httpserver import _BadRequest, head_length, parse_head
+from hangwatch.exporter.httpwire import BadRequest, head_length, parse_head
 
 # llhttp's methods (llhttp/src/llhttp/constants.ts, the HTTP ones)
 LLHTTP_METHODS = {
@@ -47,7 +47,7 @@ def exporter_reads(data: bytes) -> bool:
         if not length:
             return False  # never a whole head: the exporter waits, then read_timeout closes it
         parse_head(data[:length])
-    except _BadRequest:
+    except BadRequest:
         return False
     return True  # (what follows a whole head is the next request's: h11 too reads one at a time)
 

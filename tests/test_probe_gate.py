@@ -15,7 +15,7 @@ import time
 import pytest
 
 from hangwatch.fetch import Client, Deadline
-from hangwatch.observation import ANSWERED, BLIND, PROBE_ANSWERED, PROBE_NONE, Observation, Options, ProbeResult
+from hangwatch.observation import BLIND, OK, PROBE_ANSWERED, PROBE_NONE, Observation, Options, ProbeResult
 from hangwatch.observe import observe_load
 from hangwatch.reading import Reading
 
@@ -24,14 +24,14 @@ IDLE = Reading(engine="vllm", running=0, waiting=0, steps=100, generation_tokens
 
 def scripted(*readings: Reading | Observation):
     """A load reader answering ``readings`` in order (an Observation as it is, a Reading as
-    ANSWERED), and a prober; both record their calls in ``calls``."""
+    OK), and a prober; both record their calls in ``calls``."""
     calls: list[str] = []
     queue = list(readings)
 
     def read(client, url, deadline, options, taken_at):
         calls.append("read")
         item = queue.pop(0)
-        return item if isinstance(item, Observation) else Observation(taken_at, ANSWERED, reading=item)
+        return item if isinstance(item, Observation) else Observation(taken_at, OK, reading=item)
 
     def probe(client, url, deadline, options):
         calls.append("probe")

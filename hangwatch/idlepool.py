@@ -1,0 +1,70 @@
+"""Idle keep-alive connections, kept per origin and handed out again: the exporter reads the same
+backends every scrape, and a new connection per reading costs a handshake and a socket. One pool
+for both clients (``fetch.Client`` on worker threads, the exporter's ``LoopClient`` on its loop),
+so the rules (a connection the server closed is never handed out; at most ``max_idle`` in all, the
+least recently used origin giving one up first) are written once.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable, Generic, Hashable, TypeVar
+
+Connection = TypeVar("Connection")
+
+
+class IdlePool(Generic[Connection]):
+    """Up to ``max_idle`` idle connections (LRU by origin). ``usable(connection)``: the server has
+    not closed it and it holds no stray bytes; ``close(connection)`` ends one. Thread-safe: a
+    connection taken is the taker's alone until it is given back."""
+
+    def __init__(self, max_idle: int, *, usable: Callable[[Connection], bool],
+                 close: Callable[[Connection], None]):
+        self.max_idle = max_idle
+        self._usable, self._close = usable, close
+        self._idle: OrderedDict[Hashable, list[Connection]] = OrderedDict()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def take(self, origin: Hashable) -> Connection | None:
+        """The most recently given back usable connection to ``origin`` (unusable ones are closed)."""
+        with self._lock:
+            connections = self._idle.get(origin)
+            while connections:
+                connection = connections.pop()
+                self._count -= 1
+                if not connections:
+                    del self._idle[origin]
+                if self._usable(connection):
+                    return connection
+                self._close(connection)
+                connections = self._idle.get(origin)
+        return None
+
+    def give_back(self, origin: Hashable, connection: Connection) -> None:
+        if self.max_idle <= 0:
+            self._close(connection)
+            return
+        evicted = []
+        with self._lock:
+            self._idle.setdefault(origin, []).append(connection)
+            self._idle.move_to_end(origin)
+            self._count += 1
+            while self._count > self.max_idle:
+                oldest_origin, oldest = next(iter(self._idle.items()))
+                evicted.append(oldest.pop(0))
+                self._count -= 1
+                if not oldest:
+                    del self._idle[oldest_origin]
+        for connection in evicted:
+            self._close(connection)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle, self._count = self._idle, OrderedDict(), 0
+        for connections in idle.values():
+            for connection in connections:
+                self._close(connection)
