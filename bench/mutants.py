@@ -23,8 +23,8 @@ CORE = ["tests/test_idle_confirm.py", "tests/test_verdict.py", "tests/test_check
         "tests/rules/test_truth_table_python.py", "tests/test_check_bad_input.py"]
 CORE_NEW = ["tests/test_probe_gate.py", "tests/test_fetch_outcomes.py", "tests/test_fetch_limits.py",
             "tests/webhook/test_recheck_simulator.py"]
-FETCH = ["tests/test_hostile_backends.py", "tests/test_check_bad_input.py", "tests/test_exporter.py",
-         "tests/test_loopfetch.py"]
+FETCH = ["tests/test_hostile_backends.py", "tests/test_check_bad_input.py", "tests/exporter/test_probe_endpoint.py",
+         "tests/exporter/test_reads_on_the_loop.py"]
 FETCH_NEW = ["tests/test_fetch_outcomes.py", "tests/test_fetch_limits.py"]
 HOOK = ["tests/webhook/test_decisions.py", "tests/webhook/test_ledger.py", "tests/webhook/test_fleet_limits.py",
         "tests/webhook/test_http.py"]

@@ -17,8 +17,8 @@ from hangwatch.check import MODULES, check
 from hangwatch.engines import ENGINES, ENGINES_BY_NAME
 from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import MODULES as OBSERVERS
+from tests.exporter.test_probe_endpoint import exporter, probe, samples  # noqa: F401  (fixture)
 from tests.support.pages import Page, PageServer, closed_port
-from tests.test_exporter import exporter, probe, samples  # noqa: F401  (fixture)
 
 JSON = "application/json"
 # Answers captured from a real fschat 0.2.36 deployment (tests/real_fastchat/fleet.py).

@@ -27,8 +27,8 @@ import requests
 
 from hangwatch.exporter.loopfetch import LoopClient
 from hangwatch.fetch import OK, TIMEOUT, UNREACHABLE, Client, Deadline
+from tests.exporter.test_probe_endpoint import samples, start_exporter
 from tests.support.hostile import SocketServer
-from tests.test_exporter import samples, start_exporter
 
 CAP = 96 * 1024 * 1024  # the most a hostile server sends before it gives up (main read all of it)
 FILL = b"a" * (1024 * 1024)

@@ -24,8 +24,8 @@ import requests
 from hangwatch.exporter.config import ExporterConfig, exporter_config
 from hangwatch.reading import parse
 from hangwatch.settings import ConfigError
+from tests.exporter.test_probe_endpoint import probe, samples, start_exporter
 from tests.support.pages import Page, PageServer, closed_port
-from tests.test_exporter import probe, samples, start_exporter
 from tests.test_reading import VLLM_TWO_ENGINES
 
 MAX_MODELS, MAX_MODEL_NAME = 32, 128  # documented in docs/configuration.md
