@@ -1,6 +1,6 @@
 """Single-line mutants of the gate (hangwatch/, webhook/, rules/), each run against the fast-tier
 tests that should catch it: once with the tests as they were (``--before DIR``: a copy of the
-tree at that commit whose code folders link to this worktree), once with this tree's tests.
+tree at that commit whose code folders and docs/ link to this worktree), once with this tree's tests.
 
     python bench/mutants.py --before /tmp/tg-before [--only ID ...] > bench/RESULTS-mutants.md
 
@@ -23,13 +23,17 @@ CORE = ["tests/test_idle_confirm.py", "tests/test_verdict.py", "tests/test_check
         "tests/rules/test_truth_table_python.py", "tests/test_check_bad_input.py"]
 CORE_NEW = ["tests/test_probe_gate.py", "tests/test_fetch_outcomes.py", "tests/test_fetch_limits.py",
             "tests/webhook/test_recheck_simulator.py"]
-FETCH = ["tests/test_hostile_backends.py", "tests/test_check_bad_input.py", "tests/test_exporter.py",
-         "tests/test_loopfetch.py"]
+FETCH = ["tests/test_hostile_backends.py", "tests/test_check_bad_input.py", "tests/exporter/test_probe_endpoint.py",
+         "tests/exporter/test_reads_on_the_loop.py"]
 FETCH_NEW = ["tests/test_fetch_outcomes.py", "tests/test_fetch_limits.py"]
 HOOK = ["tests/webhook/test_decisions.py", "tests/webhook/test_ledger.py", "tests/webhook/test_fleet_limits.py",
         "tests/webhook/test_http.py"]
 HOOK_NEW = ["tests/webhook/test_restart_guards.py", "tests/webhook/test_recheck_simulator.py"]
 RULES = ["tests/rules/test_configs.py", "tests/rules/test_truth_table_promtool.py::test_promql_state_and_alerts_match_truth_table"]
+# The truth table at a 30 s scrape first (it passes with the mutant: the two-reading grace it
+# writes is implied by the three readings hung needs), then what the mutant does change: cost.
+RULES_NEW = ["tests/rules/test_truth_table_promtool.py::test_promql_state_and_alerts_match_truth_table[llamacpp_grace_30s]",
+             "tests/rules/test_grace_rule_cost.py"]
 
 # (id, file, exact old text (one line, unique), new text, the mistake, tests before, tests added after)
 MUTANTS = [
@@ -127,7 +131,7 @@ MUTANTS = [
     # -- the rules (rules/render.py)
     ("rules-two-readings-hung", "rules/render.py", "    return max(3, math.ceil(grace / scrape - 1e-9) + 1)",
      "    return max(2, math.ceil(grace / scrape - 1e-9) + 1)", "the rules call hung after two readings",
-     RULES, []),
+     RULES, RULES_NEW),
 ]
 
 

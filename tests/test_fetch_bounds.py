@@ -27,8 +27,8 @@ import requests
 
 from hangwatch.exporter.loopfetch import LoopClient
 from hangwatch.fetch import OK, TIMEOUT, UNREACHABLE, Client, Deadline
+from tests.exporter.test_probe_endpoint import samples, start_exporter
 from tests.support.hostile import SocketServer
-from tests.test_exporter import samples, start_exporter
 
 CAP = 96 * 1024 * 1024  # the most a hostile server sends before it gives up (main read all of it)
 FILL = b"a" * (1024 * 1024)
@@ -114,11 +114,11 @@ def test_a_line_that_never_ends_is_a_broken_answer_read_in_bounded_memory(endles
     server = endless(ENDLESS[line])
     get = loop_get if client == "loop" else blocking_get
     started = time.monotonic()
-    fetched, peak = peak_while(lambda: get(server.url + "/metrics", Deadline.after(5)))
+    fetched, peak = peak_while(lambda: get(server.url + "/metrics", Deadline.after(20)))
     elapsed = time.monotonic() - started
     assert fetched.status not in (OK, TIMEOUT), fetched
     assert "65536 bytes" in fetched.error, fetched.error
-    assert elapsed < 2.5, elapsed  # at the 64 KiB mark, not at the deadline
+    assert elapsed < 10, elapsed  # at the 64 KiB mark, not at the deadline (20 s, far from any load)
     assert peak < MAX_PEAK, f"{peak / 2**20:.1f} MiB held reading an endless {line}"
 
 

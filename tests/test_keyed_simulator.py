@@ -13,7 +13,7 @@ import requests
 
 from hangwatch.check import check
 from hangwatch.simulator import Simulator
-from tests.test_exporter import samples, start_exporter
+from tests.exporter.test_probe_endpoint import samples, start_exporter
 
 KEY = "sk-sim-0123456789abcdef0123"
 

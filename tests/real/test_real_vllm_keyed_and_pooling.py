@@ -14,10 +14,10 @@ import threading
 import pytest
 import requests
 
+from tests.exporter.test_probe_endpoint import samples, start_exporter
 from tests.real.test_real_vllm_verdicts import hangwatch_check as run_check
 from tests.real.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
 from tests.support.require import require
-from tests.test_exporter import samples, start_exporter
 
 pytestmark = pytest.mark.real
 

@@ -101,14 +101,16 @@ def test_half_open_connections_hold_no_thread_and_block_nothing(served):
     threads_before = threading.active_count()
     sockets = half_open(s.url, HALF_OPEN)
     try:
-        health, took = timed(lambda: requests.get(s.url + "/healthz", timeout=5))
-        assert health.status_code == 200 and took < 2, took
-        metrics, took = timed(lambda: requests.get(s.url + "/metrics", timeout=5))
-        assert metrics.status_code == 200 and "hangwatch_webhook_requests_total" in metrics.text and took < 2
+        # Answered past the half-open ones: a request blocked behind them ends at its 5 s timeout
+        # (no tighter wall-clock bound: the machine may be loaded).
+        health = requests.get(s.url + "/healthz", timeout=5)
+        assert health.status_code == 200
+        metrics = requests.get(s.url + "/metrics", timeout=5)
+        assert metrics.status_code == 200 and "hangwatch_webhook_requests_total" in metrics.text
         assert threading.active_count() - threads_before <= 1, "a connection must not hold a thread"
-        answer, took = timed(lambda: requests.post(s.url + "/alerts", json=payload(s.h.alert()), timeout=5,
-                                                   headers={"Authorization": f"Bearer {TOKEN}"}))
-        assert answer.status_code == 200 and answer.json()["queued"] == ["vllm-a"] and took < 2
+        answer = requests.post(s.url + "/alerts", json=payload(s.h.alert()), timeout=5,
+                               headers={"Authorization": f"Bearer {TOKEN}"})
+        assert answer.status_code == 200 and answer.json()["queued"] == ["vllm-a"]
         s.h.settle()
         assert s.h.restarter.restarts == [("vllm-a", 30.0)]
         # The server closes them once they have been idle for channel_timeout.

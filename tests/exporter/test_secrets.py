@@ -19,8 +19,8 @@ import requests
 
 from hangwatch.exporter.config import ConfigError, ExporterConfig, exporter_config, narrowed_probe
 from hangwatch.exporter.query import Asked, Refused, asked
+from tests.exporter.test_probe_endpoint import samples, start_exporter
 from tests.support.pages import PageServer
-from tests.test_exporter import samples, start_exporter
 from tests.test_hostile_backends import idle_vllm
 
 KEY = "sk-secret-0123456789abcdef"

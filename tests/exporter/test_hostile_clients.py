@@ -19,9 +19,9 @@ import requests
 from hangwatch.exporter.config import ExporterConfig
 from hangwatch.exporter.httpserver import BoundedHTTPServer, Response, Route
 from hangwatch.simulator import Simulator
+from tests.exporter.test_probe_endpoint import start_exporter
 from tests.support.pages import Page, PageServer
 from tests.support.servers import ServerProcess
-from tests.test_exporter import start_exporter
 from tests.test_reading import VLLM_TWO_ENGINES
 
 

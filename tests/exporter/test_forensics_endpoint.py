@@ -8,7 +8,7 @@ import requests
 
 from hangwatch.exporter.config import ConfigError, exporter_config
 from hangwatch.simulator import Simulator
-from tests.test_exporter import start_exporter
+from tests.exporter.test_probe_endpoint import start_exporter
 from tests.test_forensics_cli import marking_py_spy
 
 FAST = {"liveness_interval": "0.3s", "liveness_timeout": "0.5s", "liveness_budget": "3s"}

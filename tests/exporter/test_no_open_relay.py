@@ -24,8 +24,8 @@ import requests
 from hangwatch.exporter.config import ExporterConfig, exporter_config
 from hangwatch.reading import parse
 from hangwatch.settings import ConfigError
+from tests.exporter.test_probe_endpoint import probe, samples, start_exporter
 from tests.support.pages import Page, PageServer, closed_port
-from tests.test_exporter import probe, samples, start_exporter
 from tests.test_reading import VLLM_TWO_ENGINES
 
 MAX_MODELS, MAX_MODEL_NAME = 32, 128  # documented in docs/configuration.md
@@ -343,14 +343,16 @@ def test_pipelined_requests_are_all_answered_in_order(exporter_with):
 
 def test_the_loop_pool_shrinks_to_what_the_descriptor_limit_leaves(monkeypatch):
     """A kept idle connection must never cost a probe its socket."""
+    import resource  # the process's limit, patched where every reader of it looks
+
     from hangwatch.exporter import server as exporter_server
     config = ExporterConfig()
-    monkeypatch.setattr(exporter_server.resource, "getrlimit", lambda which: (100000, 100000))
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (100000, 100000))
     assert exporter_server.loop_pool_size(config) == exporter_server.LOOP_IDLE_CONNECTIONS
-    monkeypatch.setattr(exporter_server.resource, "getrlimit", lambda which: (2000, 2000))
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (2000, 2000))
     room = 2000 - exporter_server._fds_besides_the_loop_pool(config)
     assert 0 < exporter_server.loop_pool_size(config) == room < exporter_server.LOOP_IDLE_CONNECTIONS
-    monkeypatch.setattr(exporter_server.resource, "getrlimit", lambda which: (1024, 1024))
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 1024))
     assert exporter_server.loop_pool_size(config) == 0
 
 

@@ -38,28 +38,56 @@ def test_timers_fire_in_time_order_and_a_cancelled_one_never(loop):
     assert fired == ["soon", "early", "late"]
 
 
+def asleep(thread_id: int) -> bool:
+    """The thread is blocked in epoll_wait: the loop waiting for its next timer. (Where the kernel
+    hides wchan, blocked at all: state S.)"""
+    task = f"/proc/self/task/{thread_id}"
+    wchan = open(f"{task}/wchan").read().strip()
+    if wchan not in ("", "0"):
+        return "epoll" in wchan
+    return open(f"{task}/stat").read().rsplit(")", 1)[1].split()[0] == "S"
+
+
 def test_a_call_from_another_thread_wakes_a_sleeping_loop_at_once(loop):
-    woke = []
+    woke, sent, seen_asleep = [], [], []
     loop.call_later(30, loop.stop)  # the loop would otherwise sleep 30 s
-    sent = []
+    turned = threading.Event()
+    loop.call_soon(turned.set)  # after its first turn only the 30 s timer is due: it sleeps
+    loop_thread = threading.get_native_id()
 
     def other_thread():
-        time.sleep(0.1)
+        # Sent once the loop is seen asleep (waited for, not slept for): the call must wake it.
+        deadline = time.monotonic() + 10
+        if turned.wait(10):
+            while not asleep(loop_thread) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            seen_asleep.append(asleep(loop_thread))
         sent.append(time.monotonic())
         loop.call_soon_threadsafe(lambda: (woke.append(time.monotonic()), loop.stop()))
     threading.Thread(target=other_thread).start()
     started = time.monotonic()
     loop.run_forever()
-    assert woke and time.monotonic() - started < 5
+    assert seen_asleep == [True], "the loop was never seen asleep"
+    assert woke and time.monotonic() - started < 15  # not the 30 s timer
     assert woke[0] - sent[0] < 1.0
 
 
 def test_stop_from_another_thread(loop):
-    threading.Timer(0.1, loop.stop_threadsafe).start()
+    seen_asleep = []
+    loop_thread = threading.get_native_id()
+
+    def stop_once_asleep():  # waited for, not slept for: the stop must wake the sleeping loop
+        deadline = time.monotonic() + 10
+        while not asleep(loop_thread) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen_asleep.append(asleep(loop_thread))
+        loop.stop_threadsafe()
+    loop.call_soon(threading.Thread(target=stop_once_asleep).start)
     started = time.monotonic()
     loop.call_later(30, loop.stop)
     loop.run_forever()
-    assert time.monotonic() - started < 5
+    assert seen_asleep == [True], "the loop was never seen asleep"
+    assert time.monotonic() - started < 15  # not the 30 s timer
 
 
 def test_one_descriptor_read_and_written_gets_both_callbacks(loop):

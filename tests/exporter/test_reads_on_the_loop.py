@@ -19,7 +19,7 @@ from tests.support.hostile import HostileServer, SocketServer
 from tests.support.pages import Page, PageServer
 from tests.support.wait import wait_until
 
-IDLE_PAGE = (Path(__file__).parent / "data" / "vllm-0.32" / "idle.prom").read_bytes()
+IDLE_PAGE = (Path(__file__).parents[1] / "data" / "vllm-0.32" / "idle.prom").read_bytes()
 SLACK = 2.0  # a bound that is the feature (the deadline), generously: a loaded two-core machine
 
 

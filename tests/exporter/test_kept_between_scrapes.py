@@ -3,8 +3,8 @@ the engine's version per process start (idle connections are hangwatch.fetch.Cli
 from __future__ import annotations
 
 from hangwatch.exporter.reuse import VersionCache
+from tests.exporter.test_probe_endpoint import probe, samples, start_exporter
 from tests.support.pages import Page, PageServer
-from tests.test_exporter import probe, samples, start_exporter
 from tests.test_reading import VLLM_TWO_ENGINES
 
 RESTARTED = VLLM_TWO_ENGINES.replace("1.764468e+09", "1.764469e+09")
