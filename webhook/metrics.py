@@ -26,9 +26,8 @@ It lives in memory: a webhook that restarts forgets it until its next restart of
 from __future__ import annotations
 
 import platform
-from typing import Callable
-
 import threading
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_latest
 from prometheus_client.core import GaugeMetricFamily
