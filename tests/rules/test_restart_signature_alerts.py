@@ -51,3 +51,24 @@ def test_the_hung_alert_names_it_once_the_webhook_exports_it_and_says_nothing_be
         {"eval_time": "78s", "alertname": "HangwatchBackendHung", "exp_alerts": [
             alert("HangwatchBackendHung", HUNG_TEXT + SENTENCE.format(signature="engine_step_stuck"))]},
     ])
+
+
+def test_the_webhook_restarted_alert_carries_the_signature_as_a_label_for_ten_minutes(tmp_path):
+    """A label, so the resolve carries it too; active from the first evaluation that sees the
+    webhook's series until 40 scrapes (10 minutes at 15 s) after the restart."""
+    last = series(LAST, {**WEBHOOK, "target": "vllm-a", "signature": "engine_step_stuck"}, "_x3 60x60")
+    older = series(LAST, {**WEBHOOK, "target": "vllm-b", "signature": "none"}, "-1000x63")  # long ago
+    firing = {"exp_labels": {"target": "vllm-a", "signature": "engine_step_stuck", "severity": "info"},
+              "exp_annotations": {
+                  "summary": "hangwatch restarted vllm-a; its stacks read engine_step_stuck",
+                  "description": "The hangwatch webhook restarted vllm-a at 1970-01-01 00:01:00 +0000 UTC after its "
+                                 "own re-check. The stacks taken before the restart read engine_step_stuck (none: no "
+                                 "capture; forensics_url not set or nothing captured): `hangwatch incidents` lists "
+                                 "the incident with its evidence and stacks.",
+                  "runbook_url": rule("HangwatchWebhookRestarted")["annotations"]["runbook_url"]}}
+    run(tmp_path, "webhook_restarted", [last, older], [
+        {"eval_time": "27s", "alertname": "HangwatchWebhookRestarted", "exp_alerts": []},
+        {"eval_time": "63s", "alertname": "HangwatchWebhookRestarted", "exp_alerts": [firing]},
+        {"eval_time": "657s", "alertname": "HangwatchWebhookRestarted", "exp_alerts": [firing]},
+        {"eval_time": "663s", "alertname": "HangwatchWebhookRestarted", "exp_alerts": []},
+    ])
