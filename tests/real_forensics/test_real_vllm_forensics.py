@@ -130,7 +130,8 @@ def signature_reaches_people(stack, server, signature: str) -> str:
                                   "the webhook-restarted alert", interval=0.5)[0]
     assert (alert["labels"]["target"], alert["labels"]["signature"]) == ("vllm-a", signature), alert["labels"]
     assert signature in alert["annotations"]["summary"], alert["annotations"]
-    return (f"series in Prometheus {scraped_after:.1f} s after the restart was recorded, on the restart annotation; "
+    return (f"series in Prometheus (waited {scraped_after:.1f} s once the webhook was done) and on the restart "
+            f"annotation; "
             f"the hang's resolve ({resolved_at - restart_began:.1f} s after vLLM's restart began) names {signature}; "
             f"HangwatchWebhookRestarted carries it as a label (delivered {delivered - restart_began:.1f} s after it)")
 
