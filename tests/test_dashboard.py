@@ -203,7 +203,7 @@ def known_series() -> set[str]:
 
 def test_every_series_a_query_names_exists():
     known = known_series()
-    functions = {"max", "min", "sum", "rate", "increase", "by", "without", "or", "and", "unless", "offset",
+    functions = {"max", "min", "sum", "rate", "increase", "by", "without", "or", "and", "unless", "offset", "topk", "time",
                  "count", "avg", "label_values", "on", "ignoring", "group_left", "group_right"}
     for path in DASHBOARDS:
         for where, expr in queries(load(path)):
@@ -211,7 +211,8 @@ def test_every_series_a_query_names_exists():
             for name in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", stripped):
                 if name in functions or name.startswith("__"):
                     continue
-                assert name in known or name in ("alertname", "target", "kind", "action", "reason", "state", "result"), \
+                assert name in known or name in ("alertname", "target", "kind", "action", "reason", "state", "result",
+                                                 "signature"), \
                     f"{path.name} {where}: {name} is no series the exporter, webhook or rules define"
 
 
@@ -295,3 +296,39 @@ def test_the_dashboard_links_to_vllms_own_dashboards_with_its_choices():
     link, = load(GRAFANA / "dashboards" / "hangwatch.json")["links"]
     assert link["type"] == "dashboards" and link["tags"] == ["vllm"]
     assert link["includeVars"] and link["keepTime"]  # the same namespace, model and backend; the same time
+
+
+def test_the_restart_annotation_names_that_restarts_signature_never_an_older_one(tmp_path):
+    """The restart annotation joins the webhook's last-restart series for its signature (issue 25):
+    evaluated with promtool over a restart whose new series is scraped one scrape after the
+    restart counter moved, it names no signature at that step (never the previous restart's),
+    then this restart's."""
+    promtool = require_binary("promtool")
+    (annotation,) = [a for a in load(GRAFANA / "dashboards" / "hangwatch.json")["annotations"]["list"]
+                     if a["name"] == "hangwatch restart"]
+    assert "{{signature}}" in annotation["textFormat"]
+    expr = f"count by (target, result, signature) ({annotation['target']['expr']})"
+    webhook = 'job="hangwatch_webhook", instance="webhook:9878"'
+    rules = tmp_path / "none.yml"
+    rules.write_text("groups: []\n")
+    document = {"rule_files": [str(rules)], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [
+            {"series": f'hangwatch_webhook_restarts_total{{{webhook}, target="vllm-a", result="ok"}}',
+             "values": "0x26 1x11"},                        # restarted: counted from 405 s
+            {"series": f'hangwatch_webhook_last_restart_timestamp_seconds{{{webhook}, target="vllm-a", '
+                       f'signature="process_stopped"}}', "values": "10x26 stale"},  # the restart before: stale at 405 s
+            {"series": f'hangwatch_webhook_last_restart_timestamp_seconds{{{webhook}, target="vllm-a", '
+                       f'signature="engine_step_stuck"}}', "values": "_ _x27 400x9"},  # scraped from 420 s
+            {"series": f'hangwatch_webhook_restarts_total{{{webhook}, target="vllm-b", result="ok"}}',
+             "values": "0x37"}],
+        "promql_expr_test": [
+            {"expr": expr, "eval_time": "405s", "exp_samples": [{"labels": '{result="ok", target="vllm-a"}',
+                                                                 "value": 1}]},
+            {"expr": expr, "eval_time": "435s", "exp_samples": [
+                {"labels": '{result="ok", signature="engine_step_stuck", target="vllm-a"}', "value": 1}]},
+        ]}]}
+    path = tmp_path / "annotation.test.yml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False, width=200))
+    done = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -11,18 +11,25 @@ window passes and agrees with what a second replica did. Sample::
     hangwatch_webhook_jobs_in_progress 0.0
     hangwatch_webhook_restarts_withheld_total{group="llama-70b",limit="group",target="vllm-a"} 0.0
     hangwatch_webhook_group_restarting{group="llama-70b"} 1.0
+    hangwatch_webhook_last_restart_timestamp_seconds{signature="engine_step_stuck",target="vllm-a"} 1.7649e+09
     hangwatch_build_info{python_version="3.11.2",version="0.3.0"} 1.0
 
 A withheld restart is a target the re-check proved hung and a fleet-wide limit kept the
 webhook from restarting (``limits.py``): it is left to people, so it has its own series with
 the target and group, for an alert to name them.
+
+The last restart of each target carries its forensics signature (``none`` without a capture)
+as a label on the restart's time, one series per target: the alerts' query templates and the
+dashboard's restart annotation join it in, so the signature reaches people beside the restart.
+It lives in memory: a webhook that restarts forgets it until its next restart of that target.
 """
 from __future__ import annotations
 
 import platform
+import threading
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Info, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from hangwatch import __version__
@@ -73,6 +80,12 @@ class WebhookMetrics:
                                 "targets re-checked hung and not restarted because a fleet-wide limit was "
                                 "reached (limit: group = group_limit, fleet = fleet_budget); left to people",
                                 ["target", "group", "limit"], registry=self.registry)
+        self.last_restart = Gauge("hangwatch_webhook_last_restart_timestamp_seconds",
+                                  "when the webhook last restarted the target (Unix time), with the forensics "
+                                  "signature of that restart (none: no capture)", ["target", "signature"],
+                                  registry=self.registry)
+        self._signatures: dict[str, str] = {}
+        self._signatures_lock = threading.Lock()
         self.registry.register(_StateCollector(circuit_open, jobs, group_restarting))
         # node_exporter's build_info: which hangwatch (and Python) answers, as labels on a constant 1.
         Info("hangwatch_build", "The hangwatch version and the Python it runs on.", registry=self.registry).info(
@@ -90,6 +103,17 @@ class WebhookMetrics:
             group = (groups or {}).get(target)
             for limit in (("group", "fleet") if group else ("fleet",)):
                 self.withheld.labels(target, group or "", limit)
+
+    def note_restart(self, target: str, signature: str | None, at: float) -> None:
+        """The target's last restart and its signature: replaces the target's previous series, so
+        each target has one and a join on ``target`` never meets two."""
+        signature = signature or "none"
+        with self._signatures_lock:
+            previous = self._signatures.get(target)
+            if previous is not None and previous != signature:
+                self.last_restart.remove(target, previous)
+            self._signatures[target] = signature
+            self.last_restart.labels(target, signature).set(at)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -336,6 +336,7 @@ class Policy:
         if recorded is None:
             return
         now, path = recorded
+        self.metrics.note_restart(target.name, signed.get("signature"), now)  # before the restart: scraped sooner
         try:
             self.engine(target).restart(container, target.stop_timeout)
             outcome, detail = "ok", result.verdict.reason

@@ -13,9 +13,9 @@ import pytest
 import requests
 
 from tests.real.vllm_server import proc_title
-from tests.support.processes import start_server
+from tests.support.processes import REPO, start_server
 from tests.support.require import require_binary
-from tests.support.stack import Stack, hangwatch_command
+from tests.support.stack import HUNG, Stack, hangwatch_command
 from tests.support.wait import wait_until
 from tests.webhook.real_parts import Backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 
@@ -98,6 +98,44 @@ def test_a_wedged_engine_core_is_named_with_the_function_it_waits_in(wedgeable_v
         assert human.returncode == 0 and "signature: engine_step_stuck" in human.stdout
 
 
+def resolved(stack, alertname: str) -> list[tuple[float, dict]]:
+    """(delivery time, alert) for every resolved alert delivered to people."""
+    with stack.receiver.lock:
+        deliveries = list(stack.receiver.deliveries)
+    return [(d["at"], alert) for d in deliveries if d["path"] == "/people" for alert in d["payload"]["alerts"]
+            if alert["status"] == "resolved" and alert["labels"].get("alertname") == alertname]
+
+
+def signature_reaches_people(stack, server, signature: str) -> str:
+    """The signature on the dashboard's restart annotation, in the hang alert's resolve and in the
+    webhook-restarted alert (issue 25). Prometheus resolves an alert with the annotations of its last active
+    evaluation, so the hang ends here only once Prometheus holds the webhook's signature series:
+    the stub's restart healed nothing, vLLM is restarted like its container would be."""
+    series = f'hangwatch_webhook_last_restart_timestamp_seconds{{target="vllm-a",signature="{signature}"}}'
+    began = time.monotonic()
+    wait_until(lambda: stack.query(series), 30, "Prometheus to scrape the webhook's signature series", interval=0.5)
+    scraped_after = time.monotonic() - began
+    dashboard = json.loads((REPO / "grafana" / "dashboards" / "hangwatch.json").read_text())
+    (annotation,) = [a for a in dashboard["annotations"]["list"] if a["name"] == "hangwatch restart"]
+    marks = stack.query(annotation["target"]["expr"])
+    assert [(m["metric"]["target"], m["metric"].get("signature")) for m in marks] == [("vllm-a", signature)], marks
+    os.remove(server.wedge_trigger)  # the restarted vLLM serves again
+    restart_began = time.time()
+    server.restart()
+    ((resolved_at, hung),) = wait_until(lambda: resolved(stack, HUNG), 120, "the hang alert's resolve", interval=0.5)
+    assert signature in hung["annotations"]["description"], hung["annotations"]
+    # The webhook's own alert carries it as a label (firing and resolve alike), whatever the
+    # backend's restart looked like (this vLLM reads down for a minute: no HangwatchBackendRestarted).
+    delivered, alert = wait_until(lambda: stack.receiver.alerts("/people", "HangwatchWebhookRestarted"), 60,
+                                  "the webhook-restarted alert", interval=0.5)[0]
+    assert (alert["labels"]["target"], alert["labels"]["signature"]) == ("vllm-a", signature), alert["labels"]
+    assert signature in alert["annotations"]["summary"], alert["annotations"]
+    return (f"series in Prometheus (waited {scraped_after:.1f} s once the webhook was done) and on the restart "
+            f"annotation; "
+            f"the hang's resolve ({resolved_at - restart_began:.1f} s after vLLM's restart began) names {signature}; "
+            f"HangwatchWebhookRestarted carries it as a label (delivered {delivered - restart_began:.1f} s after it)")
+
+
 def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, docker_client, backend_image, tmp_path):
     """Wedged real vLLM → exporter → Prometheus → Alertmanager → webhook re-check → capture (asked
     of a forensics exporter beside vLLM) → restart on the real dockerd (of a stub container that
@@ -127,7 +165,8 @@ def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, dock
         webhook = start_server("webhook", [*hangwatch_command(), "webhook", "--config", str(config), "--listen",
                                            "127.0.0.1:0"], tmp_path / "webhook.log", "/healthz")
         stack = Stack(tmp_path, scrape_interval=3.0, scrape_timeout=2.0, simulator=server,
-                      containers={"vllm-a": stub.name}, hook_url=webhook.url + "/alerts", token_file=token).start()
+                      containers={"vllm-a": stub.name}, hook_url=webhook.url + "/alerts", token_file=token,
+                      extra_jobs={"hangwatch_webhook": webhook.url.split("//", 1)[1]}).start()
         if not os.path.exists(server.wedge_trigger):  # alone (-k): wedge it here; after the test above it is
             load = server.generations(n=2).__enter__()
             server.wait_until(lambda p: p.value("vllm:num_requests_running") == 2, 60, what="two running")
@@ -156,6 +195,8 @@ def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, dock
         assert shown.returncode == 0 and "signature:  engine_step_stuck" in shown.stdout
         assert "hangwatch_fault_wedged_here" in shown.stdout
         print(f"wedged -> restarted (with the capture) in {restarted_after:.1f} s; {shape(record['forensics'])}")
+        carried = signature_reaches_people(stack, server, "engine_step_stuck")
+        print(f"signature carried: {carried}")
     except BaseException:
         if stack is not None:
             print(stack.logs())
