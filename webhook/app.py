@@ -42,7 +42,7 @@ from .worker import Worker
 
 log = logging.getLogger("hangwatch.webhook")
 
-ENGINE_DEADLINE = 0.8  # seconds the request may wait for Docker (Alertmanager wants an answer fast)
+DOCKER_DEADLINE = 0.8  # seconds the request may wait for Docker (Alertmanager wants an answer fast)
 
 
 def restart_bound(config: Config) -> float:
@@ -93,7 +93,7 @@ class WebhookState:
 def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str, Restarter],
                reset_token: str | None = None,
                clock=time.time, rechecker=None, dry_run: bool | None = None, ledger: Ledger | None = None,
-               replica: str | None = None, engine_deadline: float = ENGINE_DEADLINE, forensics=None) -> Flask:
+               replica: str | None = None, docker_deadline: float = DOCKER_DEADLINE, forensics=None) -> Flask:
     if rechecker is None:
         from hangwatch.check import check as rechecker
     ledger = ledger or Ledger(config.state_dir, keep=config.history)
@@ -156,7 +156,7 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
         if not candidates:
             return jsonify(alerts=len(parsed), queued=[])
         targets = {target.name: target for _, target in candidates}
-        found = state.lookups.find_all(targets.values(), engine_deadline)
+        found = state.lookups.find_all(targets.values(), docker_deadline)
         queued, unreachable = [], []
         for alert, target in candidates:
             outcome = found[target.name]
@@ -170,7 +170,7 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
             else:
                 policy.record(alert, target, SKIP, "duplicate", "a job for this target is already in progress")
         if unreachable:  # Alertmanager retries the notification; only these targets' hosts failed
-            return jsonify(error="docker engine unreachable; retry later", alerts=len(parsed), queued=queued,
+            return jsonify(error="docker host unreachable; retry later", alerts=len(parsed), queued=queued,
                            unreachable=sorted(set(unreachable))), 503
         return jsonify(alerts=len(parsed), queued=queued)
 

@@ -25,7 +25,7 @@ unknown target, a container label that does not match) are only logged and count
 sends them at every group interval, and a ledger line each would grow it without telling anyone
 anything the counter does not.
 
-The container engines are behind ``restarter.Restarter``; this module never imports Docker.
+The Docker host are behind ``restarter.Restarter``; this module never imports Docker.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from .forensics import ask as ask_forensics
 from .ledger import Ledger, LedgerError, fleet_lock, target_lock, write_incident
 from .metrics import WebhookMetrics
 from .payload import Alert
-from .restarter import Container, ContainerNotFound, EngineError, Restarter
+from .restarter import Container, ContainerNotFound, DockerError, Restarter
 
 log = logging.getLogger("hangwatch.webhook")
 
@@ -69,7 +69,7 @@ REASONS = (
     "container_mismatch",       # the `container` label is not the configured container
     "starts_in_future",         # startsAt later than now + MAX_CLOCK_SKEW: a clock or a sender is wrong
     "container_not_found",      # Docker has no such container
-    "docker_unreachable",       # the engine failed while the job ran (Alertmanager re-sends)
+    "docker_unreachable",       # Docker failed while the job ran (Alertmanager re-sends)
     "duplicate",                # a job for this target is already queued or running
     "not_running",              # the container is restarting, stopped or paused
     "already_restarted",        # started after the alert began (re-send, another replica)
@@ -117,7 +117,7 @@ class Policy:
                  forensics: Callable[[str, str, float], dict] | None = None):
         self.config = config
         self.forensics = forensics or ask_forensics
-        self.engines = engines_for(config, restarter)
+        self.hosts = restarters_by_host(config, restarter)
         self.clock = clock
         self.rechecker = rechecker
         self.ledger = ledger
@@ -157,13 +157,13 @@ class Policy:
                                f"ahead of this host's clock (more than {MAX_CLOCK_SKEW:g}s)")
         return target
 
-    def engine(self, target: Target) -> Restarter:
+    def restarter(self, target: Target) -> Restarter:
         """The restarter of the Docker host the target lives on."""
-        return self.engines[target.docker_host.name]
+        return self.hosts[target.docker_host.name]
 
     def container(self, target: Target) -> Container:
-        """The configured container, on the target's own host (ContainerNotFound, EngineError)."""
-        return self.engine(target).find(target.container)
+        """The configured container, on the target's own host (ContainerNotFound, DockerError)."""
+        return self.restarter(target).find(target.container)
 
     # -- the slow part, in the worker ---------------------------------------------------
     def run(self, job: Job) -> None:
@@ -280,7 +280,7 @@ class Policy:
             container = self.container(target)
         except ContainerNotFound:
             return self.record(alert, target, SKIP, "container_not_found")
-        except EngineError as exc:
+        except DockerError as exc:
             return self.record(alert, target, SKIP, "docker_unreachable", str(exc))
         if container.restarting or not container.running or container.paused:
             return self.record(alert, target, SKIP, "not_running", f"status={container.status}")
@@ -337,7 +337,7 @@ class Policy:
             return
         now, path = recorded
         try:
-            self.engine(target).restart(container, target.stop_timeout)
+            self.restarter(target).restart(container, target.stop_timeout)
             outcome, detail = "ok", result.verdict.reason
         except Exception as exc:
             outcome, detail = "failed", f"restart failed: {type(exc).__name__}: {str(exc)[:200]}"
@@ -468,7 +468,7 @@ class Policy:
 
     def _log_tail(self, target: Target, container: Container) -> list[str]:
         try:
-            return self.engine(target).log_tail(container, LOG_TAIL_LINES)[-LOG_TAIL_LINES:]
+            return self.restarter(target).log_tail(container, LOG_TAIL_LINES)[-LOG_TAIL_LINES:]
         except Exception as exc:
             return [f"(logs unavailable: {type(exc).__name__}: {str(exc)[:200]})"]
 
@@ -560,9 +560,9 @@ class Policy:
         log.warning("circuit reset target=%s container=%s by operator request", target.name, target.container)
 
 
-def engines_for(config: Config, restarter: Restarter | Mapping[str, Restarter]) -> dict[str, Restarter]:
+def restarters_by_host(config: Config, restarter: Restarter | Mapping[str, Restarter]) -> dict[str, Restarter]:
     """Host name -> restarter for every host a target lives on. One restarter (tests, the demo)
-    serves them all; a mapping must name each one (a target without an engine is a bug)."""
+    serves them all; a mapping must name each one (a target without one is a bug)."""
     names = [host.name for host in config.hosts]
     if not isinstance(restarter, Mapping):
         return {name: restarter for name in names}

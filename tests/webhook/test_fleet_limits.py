@@ -31,10 +31,10 @@ def metric(h, name, **labels) -> float:
 
 
 def build(harness, targets, **config):
-    """A harness whose fake engine holds exactly the targets' containers."""
+    """A harness whose fake restarter holds exactly the targets' containers."""
     clock = config.pop("clock", None) or FakeClock()
-    engine = config.pop("restarter", None) or FakeRestarter(clock, names=[t["container"] for t in targets])
-    return harness(targets=targets, clock=clock, restarter=engine, **config)
+    restarter = config.pop("restarter", None) or FakeRestarter(clock, names=[t["container"] for t in targets])
+    return harness(targets=targets, clock=clock, restarter=restarter, **config)
 
 
 def restarted(h):
@@ -159,8 +159,8 @@ def test_two_replicas_sharing_a_state_dir_hold_the_group_limit(harness, tmp_path
     monkeypatch.setattr(policy_module, "write_incident", slow_write)
     names = ["r1", "r2"]
     first = build(harness, grouped(names), state_dir=tmp_path / "shared")
-    shared_engine = first.restarter
-    second = build(harness, grouped(names), restarter=shared_engine, clock=first.clock, state_dir=tmp_path / "shared")
+    shared_restarter = first.restarter
+    second = build(harness, grouped(names), restarter=shared_restarter, clock=first.clock, state_dir=tmp_path / "shared")
     gate = threading.Event()
     first.rechecker.gate = second.rechecker.gate = gate
     assert first.post(payload(first.alert(target="r1", container="r1"))).status_code == 200
@@ -168,7 +168,7 @@ def test_two_replicas_sharing_a_state_dir_hold_the_group_limit(harness, tmp_path
     gate.set()
     first.settle()
     second.settle()
-    assert len(shared_engine.restarts) == 1
+    assert len(shared_restarter.restarts) == 1
     assert reasons(first) == [("restart", "hung"), ("skip", "group_limit")]  # one ledger, both replicas
 
 
