@@ -31,11 +31,12 @@ from hangwatch import __version__, logs
 from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
 from .config import Config, load_config, load_reset_token, load_token
+from .decisions import REASONS, SKIP
 from .ledger import Ledger, LedgerError, StateDirError
 from .lookups import HostLookups
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .payload import BadPayload, parse_payload
-from .policy import REASONS, SKIP, Job, Policy
+from .policy import Job, Policy
 from .restarter import DOCKER_TIMEOUT, Restarter, docker_restarters
 from .server import MAX_BODY_BYTES, serve
 from .worker import Worker

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hangwatch.webhook import policy as policy_module
+from hangwatch.webhook import restarting as restarting_module
 
 from .fakes import FakeClock, FakeRestarter, payload
 
@@ -150,13 +150,13 @@ def test_two_replicas_sharing_a_state_dir_hold_the_group_limit(harness, tmp_path
     """Each replica gets the alert of a different replica of one model at the same moment; the
     check-and-record under the fleet lock lets exactly one restart through. (Without the lock,
     with the incident write slowed, both restarted.)"""
-    real_write = policy_module.write_incident
+    real_write = restarting_module.write_incident
 
     def slow_write(*args, **kwargs):  # widen the window between the check and the record
         time.sleep(0.3)
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(policy_module, "write_incident", slow_write)
+    monkeypatch.setattr(restarting_module, "write_incident", slow_write)
     names = ["r1", "r2"]
     first = build(harness, grouped(names), state_dir=tmp_path / "shared")
     shared_restarter = first.restarter
