@@ -32,13 +32,14 @@ from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
 from .config import Config, load_config, load_reset_token, load_token
 from .decisions import REASONS, SKIP
-from .ledger import Ledger, LedgerError, StateDirError
+from .ledger import Ledger, LedgerError
 from .lookups import HostLookups
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .payload import BadPayload, parse_payload
 from .policy import Job, Policy
 from .restarter import DOCKER_TIMEOUT, Restarter, docker_restarters
 from .server import MAX_BODY_BYTES, serve
+from .statedir import StateDirError
 from .worker import Worker
 
 log = logging.getLogger("hangwatch.webhook")

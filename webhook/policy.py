@@ -20,12 +20,13 @@ from . import limits
 from .config import STALL_ALERT, Config, Target
 from .decisions import REASONS, SKIP, Decisions, circuit_detail, iso, iso_ts, show
 from .forensics import ask as ask_forensics
-from .ledger import Ledger, LedgerError, target_lock
+from .ledger import Ledger, LedgerError
 from .metrics import WebhookMetrics
 from .payload import Alert
 from .recovery import RecoveryWatches
 from .restarter import Container, ContainerNotFound, DockerError, Restarter
 from .restarting import Restarts, restarters_by_host
+from .statedir import target_lock
 
 log = logging.getLogger("hangwatch.webhook")
 

@@ -17,11 +17,12 @@ from hangwatch.forensics.capture import scrub
 from . import limits
 from .config import Config, Target
 from .decisions import RESTART, SKIP, Decisions, circuit_detail, iso, iso_ts
-from .ledger import Ledger, LedgerError, fleet_lock, write_incident
+from .ledger import Ledger, LedgerError
 from .metrics import WebhookMetrics
 from .payload import Alert
 from .recovery import RecoveryWatches
 from .restarter import Container, Restarter
+from .statedir import fleet_lock, write_incident
 
 log = logging.getLogger("hangwatch.webhook")
 
