@@ -20,12 +20,14 @@ stack did not start): the backend is ``http://host.docker.internal:8000``, its c
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.append(str(Path(__file__).resolve().parent))  # deploy/generated_files.py, also when loaded by path
+import generated_files  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES, DEPLOY = ROOT / "examples", ROOT / "deploy"
@@ -82,21 +84,8 @@ def outputs() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is stale")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, text in outputs().items():
-        path = DEPLOY / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-        else:
-            path.write_text(text)
-    if stale:
-        sys.stderr.write("stale (run .venv/bin/python deploy/compose_configs.py): " + ", ".join(stale) + "\n")
-        return 1
-    return 0
+    return generated_files.main(argv, description=__doc__.splitlines()[0], outputs=outputs, out=DEPLOY,
+                                rerun=".venv/bin/python deploy/compose_configs.py")
 
 
 if __name__ == "__main__":

@@ -21,9 +21,11 @@ fails when the committed files differ. After changing a rule or the dashboard::
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # deploy/generated_files.py
+import generated_files  # noqa: E402
 
 
 def _source_tree_packages() -> None:
@@ -91,23 +93,8 @@ def outputs() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is stale")
-    parser.add_argument("--out", type=Path, default=BASE.parent, help="where to write (default: deploy/kubernetes)")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, text in outputs().items():
-        path = args.out / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        sys.stderr.write("stale (run python3 deploy/kubernetes/generate.py): " + ", ".join(stale) + "\n")
-        return 1
-    return 0
+    return generated_files.main(argv, description=__doc__.splitlines()[0], outputs=outputs, out=BASE.parent,
+                                rerun="python3 deploy/kubernetes/generate.py")
 
 
 if __name__ == "__main__":
