@@ -1,21 +1,12 @@
 #!/usr/bin/env python3
 """Write the compose stack's Prometheus and Alertmanager configs from their one source, examples/.
 
-``deploy/prometheus.yml`` and ``deploy/alertmanager.yml`` are ``examples/prometheus.yml`` and
-``examples/alertmanager.yml`` with the compose stack's names (vllm:8000 through exporter:9877,
-Alertmanager at alertmanager:9093, the webhook at webhook:9878, the rules mounted at
-/etc/prometheus/rules, the webhook's own scrape job — its decisions feed the dashboard's restart
-annotations and HangwatchExporterDown — at webhook:9878) and nothing else changed, but that its
-"people" receiver has no mail relay to send to. Never edit the outputs: ``tests/test_compose.py`` fails when they differ from
-what this writes.
+``deploy/prometheus.yml``, ``deploy/alertmanager.yml`` and ``deploy/existing/prometheus.yml`` (for
+``docker-compose.existing.yml``, docs/existing-vllm.md) are the examples with the compose stack's names
+and nothing else changed, so the commented examples stay the one place to edit. Never edit the
+outputs: ``tests/test_compose.py`` fails when they are stale.
 
-``deploy/existing/prometheus.yml`` is the same for ``docker-compose.existing.yml`` (a vLLM the
-stack did not start): the backend is ``http://host.docker.internal:8000``, its container
-``vllm``, as in ``deploy/existing/webhook.yml`` and ``exporter.yml``; change all three together
-(docs/existing-vllm.md).
-
-    .venv/bin/python deploy/compose_configs.py            # rewrite deploy/prometheus.yml, deploy/alertmanager.yml,
-                                                          # deploy/existing/prometheus.yml
+    .venv/bin/python deploy/compose_configs.py            # rewrite them
     .venv/bin/python deploy/compose_configs.py --check    # exit 1 if they are stale
 """
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """``hangwatch webhook``: the Alertmanager receiver that restarts only what it proves hung.
 
-``create_app`` is a Flask app factory taking every collaborator (the restarter — one, or one
-per Docker host —, clock, re-checker, ledger), so tests and the demo run it with their own;
-``main`` alone builds the real ones (a ``DockerRestarter`` per host) and hands the app to
-``server.serve``. ``POST /alerts`` checks the token before reading the body, validates the
-v4 payload, triages each alert in the request (cheap: labels against the config, one
-container lookup per target on its own host, under a deadline) and hands the slow part
-(re-check, restart) to the per-target worker, answering within a second. Answers: 200
-handled or deliberately ignored, 400 bad payload, 401 bad token, 503 when a target's Docker
-host is unreachable (Alertmanager retries only 5xx; the others' alerts in the same request
-are queued all the same, and a retry of them is refused as a duplicate or already
-restarted). ``POST /circuit/<target>/reset`` takes the operator's reset token when one is
-configured (``reset_token_file``), else the alert token.
+Alertmanager wants an answer within seconds and retries only a 5xx, so ``POST /alerts`` checks the
+token before reading the body, triages each alert cheaply in the request (labels against the config,
+one container lookup per target on its own Docker host, under ``DOCKER_DEADLINE``) and hands the slow
+part to the per-target worker: 200 handled or ignored, 400 bad payload, 401 bad token, 503 when a
+target's Docker host is unreachable. ``create_app`` takes every collaborator (tests and the demo pass
+their own); ``main`` alone builds the real ones.
 """
 from __future__ import annotations
 

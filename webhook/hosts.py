@@ -1,26 +1,10 @@
 """Which Docker host each target lives on: the config's ``docker_hosts`` and ``docker_host``.
 
-One webhook restarts containers on many Docker hosts, through the Docker daemons people
-already run and the Docker SDK's own client per host: ``unix://`` (a local socket), ``tcp://`` (with
-TLS client certificates, or plain for a socket proxy on a private network) and ``ssh://``
-(the SDK's SSH transport: it needs ``paramiko``, the SDK's own extra
-``pip install 'docker[ssh]'``). A target without ``docker_host`` uses the *default* Docker host:
-``$DOCKER_HOST`` or the local socket, exactly as before.
-
-Hosts are declared once, by name, at the top level (``docker_hosts``) and referred to by
-targets, so 50 targets on 10 hosts name their TLS files 10 times, not 50. A target may also
-give a URL: the declared host with that URL, or (unix, ssh, plain tcp) an undeclared Docker host.
-
-Everything a host needs is checked at start-up and every error names its key: the scheme is
-known, the URL has a host (and a port, for tcp), TLS files exist, are readable, are PEM, and
-the key matches its certificate. Nothing is connected here: a Docker host that is down at start-up
-is one target's 503 later, never a webhook that will not start.
-
-Plain ``tcp://`` (no TLS) hands the Docker host to whoever can reach that port, so a target whose
-Docker host is one — a declared host without ``tls``, an undeclared URL, or the default Docker host
-when ``$DOCKER_HOST`` is ``tcp://`` without ``$DOCKER_TLS_VERIFY`` — is refused at start-up
-unless the target (or the declared host) says ``insecure_tcp: true``: a socket proxy on a
-private network, as in the compose stack.
+One webhook restarts containers on many Docker hosts through the Docker daemons people already run
+(``unix://``, ``tcp://`` with TLS client certificates, ``ssh://``), declared once by name so 50 targets
+on 10 hosts name their TLS files 10 times. Everything a host needs is checked at start-up, each error
+naming its key, but nothing is connected: a host down at start-up is one target's 503 later. Plain
+``tcp://`` hands the host to whoever reaches the port, so it is refused unless ``insecure_tcp: true``.
 """
 from __future__ import annotations
 

@@ -1,30 +1,11 @@
 """What the webhook asks of a Docker host, and the real one: Docker through its SDK.
 
-The policy (``policy.py``) decides; a *restarter* only finds a container, reports its state,
-restarts it with a stop timeout and reads its log tail. Tests and the demo hand
-``create_app`` their own restarter (``tests/webhook/fakes.py``, ``demo/nodocker.py``); only
-``main`` builds ``DockerRestarter``.
-
-``DockerRestarter`` makes exactly these Docker API calls, which is all the compose file's
-socket proxy lets through (``docker-compose.yml``, service ``docker-proxy``)::
-
-    GET  /version                               (API version negotiation, once)
-    GET  /vX/containers/json?all=1&filters=...  (find by exact name)
-    GET  /vX/containers/{id}/json               (state, StartedAt)
-    GET  /vX/containers/{id}/logs?tail=N        (the incident record's log tail)
-    POST /vX/containers/{id}/restart?t=S        (the restart)
-
-Each Docker host gets its own ``DockerRestarter`` and its own Docker SDK client
-(``docker_restarters``): the default Docker host from the environment (``DOCKER_HOST`` or the
-local socket), a ``unix://`` socket, ``tcp://`` with the TLS files named in the config
-(the Docker host's certificate is verified against ``ca_file``, and the client presents
-``cert_file``/``key_file``), or ``ssh://`` through the SDK's SSH transport. A client is made
-on first use and again after a failure, so a host that is down at start-up or goes away
-later costs only its own targets.
-
-A container is looked up by its exact name and then addressed by its ID: Docker resolves a
-bare ``/containers/{name}`` by ID prefix too, so a configured name that matches no container
-could otherwise reach another container whose ID happens to start with those letters.
+The policy decides; a *restarter* only finds a container, reports its state, restarts it with a stop
+timeout and reads its log tail, so tests and the demo hand ``create_app`` their own and only ``main``
+builds ``DockerRestarter`` (one per host, its client made on first use and again after a failure).
+It makes only the Docker API calls the compose file's socket proxy lets through (tests/test_compose.py
+checks), and addresses a container by the ID found under its exact name: Docker resolves a bare name
+by ID prefix too, which could reach another container.
 """
 from __future__ import annotations
 
