@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 PROGRESS_3 = "target:hangwatch_engine_progress:changes_3scrapes"  # recorded before the grace rule
 
 
-
 def grace_rule(settings: Settings) -> dict:
     """1 for a backend whose engine's minimum grace (hangwatch/engines.py) is not over yet.
 

@@ -30,7 +30,6 @@ def format_duration(seconds: float) -> str:
     return f"{millis}ms"
 
 
-
 def readings_windows(readings: int, scrape: float) -> tuple[float, ...]:
     """The ranges which between them hold the last ``readings`` readings at every instant.
 

@@ -230,7 +230,6 @@ class Ledger:
             since = max(now - window, history.reset_at)
             return sorted(at for at, _ in history.restarts if at > since)
 
-
     def restarting(self, target: str, now: float, recovery: float) -> bool:
         """Is the target's last restart unsettled: less than ``recovery`` s ago, and its backend
         not seen healthy since (``limits.py`` defines this; a restart that failed counts too)?"""

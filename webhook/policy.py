@@ -236,7 +236,6 @@ class Policy:
                                "a restart for a stall did not heal it; POST /circuit/<target>/reset to close")
         return container
 
-
     # -- recovery watches (recovery.py) ------------------------------------------------------
     def watching(self) -> int:
         return self.watches.running()
@@ -257,7 +256,6 @@ class Policy:
         now = self.clock()
         groups = sorted({t.group for t in self.config.targets if t.group is not None})
         return {group: len(limits.restarting(self.config, self.ledger, group, now)) for group in groups}
-
 
     # -- stopping -----------------------------------------------------------------------
     @property
@@ -283,7 +281,6 @@ class Policy:
         with self._phase:
             self._stopping = True
             return self._phase.wait_for(lambda: not self._restarting, timeout)
-
 
     # -- bookkeeping --------------------------------------------------------------------
     def record(self, alert: Alert | None, target: Target | None, action: str, reason: str,

@@ -138,13 +138,11 @@ class Restarts:
         self.metrics.withheld.labels(target.name, target.group or "", limits.LIMIT_LABELS[reason]).inc()
         return self.record(alert, target, SKIP, reason, detail)
 
-
     def _log_tail(self, target: Target, container: Container) -> list[str]:
         try:
             return self.restarter(target).log_tail(container, LOG_TAIL_LINES)[-LOG_TAIL_LINES:]
         except Exception as exc:
             return [f"(logs unavailable: {type(exc).__name__}: {str(exc)[:200]})"]
-
 
 
 def restarters_by_host(config: Config, restarter: Restarter | Mapping[str, Restarter]) -> dict[str, Restarter]:
