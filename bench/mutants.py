@@ -128,8 +128,8 @@ MUTANTS = [
      "        if len(others) > allowed:", "one more of a group restarting than allowed", HOOK, HOOK_NEW),
     ("fleet-budget-off-by-one", "webhook/limits.py", "    if len(recent) >= budget.restarts:",
      "    if len(recent) > budget.restarts:", "one fleet restart more than the budget", HOOK, HOOK_NEW),
-    # -- the rules (rules/render.py)
-    ("rules-two-readings-hung", "rules/render.py", "    return max(3, math.ceil(grace / scrape - 1e-9) + 1)",
+    # -- the rules (rules/windows.py)
+    ("rules-two-readings-hung", "rules/windows.py", "    return max(3, math.ceil(grace / scrape - 1e-9) + 1)",
      "    return max(2, math.ceil(grace / scrape - 1e-9) + 1)", "the rules call hung after two readings",
      RULES, RULES_NEW),
 ]

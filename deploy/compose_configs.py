@@ -1,31 +1,24 @@
 #!/usr/bin/env python3
 """Write the compose stack's Prometheus and Alertmanager configs from their one source, examples/.
 
-``deploy/prometheus.yml`` and ``deploy/alertmanager.yml`` are ``examples/prometheus.yml`` and
-``examples/alertmanager.yml`` with the compose stack's names (vllm:8000 through exporter:9877,
-Alertmanager at alertmanager:9093, the webhook at webhook:9878, the rules mounted at
-/etc/prometheus/rules, the webhook's own scrape job — its decisions feed the dashboard's restart
-annotations and HangwatchExporterDown — at webhook:9878) and nothing else changed, but that its
-"people" receiver has no mail relay to send to. Never edit the outputs: ``tests/test_compose.py`` fails when they differ from
-what this writes.
+``deploy/prometheus.yml``, ``deploy/alertmanager.yml`` and ``deploy/existing/prometheus.yml`` (for
+``docker-compose.existing.yml``, docs/existing-vllm.md) are the examples with the compose stack's names
+and nothing else changed, so the commented examples stay the one place to edit. Never edit the
+outputs: ``tests/test_compose.py`` fails when they are stale.
 
-``deploy/existing/prometheus.yml`` is the same for ``docker-compose.existing.yml`` (a vLLM the
-stack did not start): the backend is ``http://host.docker.internal:8000``, its container
-``vllm``, as in ``deploy/existing/webhook.yml`` and ``exporter.yml``; change all three together
-(docs/existing-vllm.md).
-
-    .venv/bin/python deploy/compose_configs.py            # rewrite deploy/prometheus.yml, deploy/alertmanager.yml,
-                                                          # deploy/existing/prometheus.yml
+    .venv/bin/python deploy/compose_configs.py            # rewrite them
     .venv/bin/python deploy/compose_configs.py --check    # exit 1 if they are stale
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.append(str(Path(__file__).resolve().parent))  # deploy/generated_files.py, also when loaded by path
+import generated_files  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES, DEPLOY = ROOT / "examples", ROOT / "deploy"
@@ -82,21 +75,8 @@ def outputs() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is stale")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, text in outputs().items():
-        path = DEPLOY / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-        else:
-            path.write_text(text)
-    if stale:
-        sys.stderr.write("stale (run .venv/bin/python deploy/compose_configs.py): " + ", ".join(stale) + "\n")
-        return 1
-    return 0
+    return generated_files.main(argv, description=__doc__.splitlines()[0], outputs=outputs, out=DEPLOY,
+                                rerun=".venv/bin/python deploy/compose_configs.py")
 
 
 if __name__ == "__main__":

@@ -1,37 +1,13 @@
 """Render hangwatch's Prometheus rules for one Prometheus: its scrape interval, job names, runbook.
 
-The rules are written once, as templates (``templates/*.yml``) whose durations say what they
-mean instead of how long they are at 15 s:
-
-- ``${scrapes:X}``: X scrape intervals (a group's ``interval:`` and the hang alert's ``for:``
-  are a fifth of a scrape); scales with the scrape interval;
-- ``${scrape_seconds:X}``: X scrape intervals as a number of seconds (for series holding seconds);
-- ``${wall:10m}``: wall-clock (weights load for minutes whatever the scrape interval);
-- ``${range}`` in a rule with ``readings: N``: a range holding the last N readings (exactly
-  N on schedule, more only when a scrape came more than half an interval late; see
-  ``readings_expr``); there ``${scrapes_in_range}`` (up's count over the range) and
-  ``${readings}`` (N) let a rule keep only ranges holding N scrapes itself;
-  ``${streak}``: two readings plus the longest scrape timeout;
-- ``${progress}`` and ``${resets}`` in a rule with ``readings: N``: the engine's progress signals
-  changing, its counters going backwards, one series per target each (``progress_expr``,
-  ``resets_expr``);
-- ``- generate: engine_grace``: the per-engine minimum grace rule, built from
-  ``hangwatch/engines.py`` (``min_grace``, wall-clock);
-- ``- generate: stall_window``: each backend's stall window in seconds: the target's own
-  (``hangwatch_stall_window_seconds``, from the exporter config), else its engine's
-  (``stall_window`` in ``hangwatch/engines.py``, or ``--stall-window``; wall-clock);
-- ``${job}``, ``${own_jobs}`` (the exporter's and the webhook's own jobs), ``${job_name}``: the Prometheus jobs (user settings);
-  ``${runbook:anchor}``: a link into the runbook (a user setting, absolute by default).
-
-Templates are read and the rules written with a YAML library: a template is data, a rendered
-file is that data with every placeholder resolved, plus comments (a rule's template-only
-``comment:``) and a header naming the settings. ``hangwatch rules`` writes them for users;
-the files in ``rules/*.yml`` are this module's output for the defaults (a test keeps them
-fresh), which the compose stack and deploy/kubernetes load.
+The rules are written once, as templates (``templates/*.yml``; their placeholders are in
+``templates/README.md``) whose durations say what they mean instead of how long they are at 15 s,
+and read and written with a YAML library, so a rendered file is that data with every placeholder
+resolved. ``hangwatch rules`` writes them for users; ``rules/*.yml`` are the defaults' output (a
+test keeps them fresh), which the compose stack and deploy/kubernetes load.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -43,15 +19,14 @@ import yaml
 from hangwatch.engines import ENGINES, EngineMetrics
 from hangwatch.settings import ConfigError, duration
 
+from .engine_rules import grace_rule, stall_window_rule
+from .windows import format_duration, job_matcher, progress_expr, readings_expr, readings_windows, resets_expr
+
 RUNBOOK_URL = "https://github.com/hangwatch/hangwatch/blob/main/docs/runbook.md"
 DEFAULT_SCRAPE = 15.0
 TEMPLATES = ("hangwatch-recording.yml", "hangwatch-alerts.yml", "hangwatch-fleet.yml")
 # The longest scrape_timeout the rules allow, as a share of the scrape interval (docs/runbook.md#tuning).
 MAX_TIMEOUT_SHARE = 2 / 3
-# Where a window's edge sits between two readings, as a share of the scrape interval: half-way,
-# as far as can be from every reading (see the header below).
-EDGE = 0.5
-
 _PLACEHOLDER = re.compile(r"\$\{(\w+)(?::([^}]*))?\}")
 
 
@@ -99,186 +74,7 @@ def parse_interval(text: str, flag: str = "--scrape-interval") -> float:
     return duration(text, flag, low=0.1, high=3600.0)
 
 
-def format_duration(seconds: float) -> str:
-    """A Prometheus duration, exact to the millisecond: ``45s``, ``10m``, ``37500ms``."""
-    millis = round(seconds * 1000)
-    if millis <= 0:
-        raise ValueError(f"duration {seconds}s rounds to zero")
-    if millis % 60000 == 0:
-        return f"{millis // 60000}m"
-    if millis % 1000 == 0:
-        return f"{millis // 1000}s"
-    return f"{millis}ms"
-
-
-# --- windows --------------------------------------------------------------------------------
-
-def readings_windows(readings: int, scrape: float) -> tuple[float, ...]:
-    """The ranges which between them hold the last ``readings`` readings at every instant.
-
-    Readings come one scrape apart. A range of (N - 1/2) scrapes holds exactly N of them in the
-    first half of each scrape interval (after the newest reading is stored) and N - 1 in the
-    second; a range of (N + 1/2) scrapes holds N + 1, then N — and N while the newest scrape is
-    still running (Prometheus stores a reading when its scrape ends, up to scrape_timeout after
-    its timestamp). The short range is used where ``up`` (one sample per scrape, failed ones
-    included) shows it holds at least N scrapes, else the long one where it does: on schedule
-    that is exactly N. Both edges sit half a scrape from every reading, so closed (Prometheus 2)
-    and left-open (Prometheus 3) ranges agree, and scrape jitter, the rule evaluation's phase and
-    the scrape's duration move no reading across an edge.
-
-    A scrape more than half an interval late leaves both ranges short of N readings until it
-    comes, and with the next one on time puts two readings in one half interval, so that a range
-    holds N + 1 for a while. Asking for exactly N found no range then, for an evaluation or two:
-    a frozen server read busy in between and its hang alert fired twice (measured in CI: a 3 s
-    job scraped 1.9 s late under load). So a range is used where it holds at least N readings,
-    and decisions over three readings or more (the ones a hang rests on) have a third range,
-    N + 3/2 scrapes, used only where neither of the others holds N: while a scrape is up to one
-    and a half intervals late. On schedule the third range is never used. Where a range holds
-    more than N, a decision reads the last N readings and older ones, and each is the cautious
-    one: progress in any, a restart in any, a reading missing or not in flight in any keeps a
-    target from hung. Two-reading decisions (a restart) go without the third range: their
-    counters are the costliest to read, and a hang over the same readings is kept from hung by
-    the three-reading start-time check anyway.
-    """
-    windows = ((readings - 1 + EDGE) * scrape, (readings + EDGE) * scrape)
-    if readings >= 3:
-        windows += ((readings + 1 + EDGE) * scrape,)
-    return windows
-
-
-def readings_for(grace: float, scrape: float) -> int:
-    """Readings needed to span ``grace`` seconds: hangwatch/verdict.py asks stalled_for >= grace."""
-    return max(3, math.ceil(grace / scrape - 1e-9) + 1)
-
-
-def readings_expr(expr: str, readings: int, settings: Settings) -> str:
-    """``expr`` (ranges written ``${range}``) over the last ``readings`` readings (see ``readings_windows``).
-
-    Each range's branch is kept where ``up`` shows it holds at least N scrapes. An expression
-    that reads that count itself (``${scrapes_in_range}``, with ``${readings}`` for N) keeps
-    only such ranges itself and is not wrapped: one range read of ``up`` less per range."""
-    parts = []
-    def scrapes(range_text: str) -> str:
-        return f"count_over_time(up{{{job_matcher(settings)}}}[{range_text}])"
-
-    for window in readings_windows(readings, settings.scrape_interval):
-        text = format_duration(window)
-        filled = (expr.strip().replace("${range}", text).replace("${scrapes_in_range}", scrapes(text))
-                  .replace("${readings}", str(readings)))
-        body = "\n".join("    " + line for line in filled.splitlines())
-        if "${scrapes_in_range}" in expr:
-            parts.append(f"(\n{body}\n)")
-        else:
-            parts.append(f"(\n{body}\n)\n  and on (job, instance) {scrapes(text)} >= {readings}")
-    return "\n or\n".join(parts) + "\n"
-
-
-PROGRESS_FINGERPRINT = "hangwatch_engine_progress_fingerprint"
-
-
-def progress_expr(range_text: str = "${range}") -> str:
-    """Engine work over a range: the number of times the exporter's progress fingerprint changed.
-
-    The fingerprint (``hangwatch.verdict.progress_fingerprint``) changes whenever one of the
-    engine's progress signals does, so this is one ``changes()`` over one series per target.
-    Reading every signal instead (a union of each signal's ``changes()``, as these rules did
-    before) was the costliest part of the recording group at fleet scale: 79 ms per expression at
-    1,000 targets on Prometheus 2.42, of which 59 ms was reading the six series.
-    tests/rules/test_signal_union.py checks that both find the same work."""
-    return f"changes({PROGRESS_FINGERPRINT}[{range_text}])\n"
-
-
-COUNTERS_SUM = "hangwatch_engine_counters_total"
-
-
-def resets_expr(range_text: str = "${range}") -> str:
-    """A new process over a range, where the engine gives no start time: its counters going back.
-
-    One ``resets()`` of the sum of the counters (``hangwatch.verdict.counters_sum``), not one
-    per counter: reading every counter over both ranges was the costliest rule of the group.
-    tests/rules/test_signal_union.py checks that it sees the restarts the per-counter chain sees."""
-    return f"resets({COUNTERS_SUM}[{range_text}])\n"
-
-
-PROGRESS_3 = "target:hangwatch_engine_progress:changes_3scrapes"  # recorded before the grace rule
-
-
-def grace_rule(settings: Settings) -> dict:
-    """1 for a backend whose engine's minimum grace (hangwatch/engines.py) is not over yet.
-
-    One branch per distinct number of readings the graces span, not per engine: the progress
-    expression is the costly part of the group (five ``changes()`` over every target, twice),
-    so engines spanning the same readings share one, and a grace spanning three readings reads
-    the 3-reading progress recorded just before it in the same group (rules of a group run in
-    order at one evaluation time, and a later rule sees what an earlier one recorded)."""
-    slow = [engine for engine in settings.engines if engine.min_grace > 0]
-    by_readings: dict[int, list[str]] = {}
-    for engine in slow:
-        readings = readings_for(engine.min_grace * settings.wall_clock_scale, settings.scrape_interval)
-        by_readings.setdefault(readings, []).append(engine.name)
-    branches = []
-    for readings, names in sorted(by_readings.items()):
-        engines = names[0] if len(names) == 1 else "|".join(names)
-        matcher = f'engine="{engines}"' if len(names) == 1 else f'engine=~"{engines}"'
-        if readings == 3:
-            flat = PROGRESS_3
-        else:
-            flat = readings_expr(progress_expr(), readings, settings)
-        indented = "\n".join("        " + line for line in flat.rstrip().splitlines())
-        branches.append(f"    hangwatch_backend_info{{{matcher}}}\n"
-                        f"  unless on (job, instance) (\n{indented}\n  ) == 0")
-    if not branches:
-        expr = "vector(1) unless vector(1)\n"
-    else:
-        expr = ("group without (engine, module, models, version) (\n"
-                + "\n or\n".join(f"  (\n{b}\n  )" for b in branches) + "\n)\n")
-    names = ", ".join(f"{e.name} {format_duration(e.min_grace * settings.wall_clock_scale)}" for e in slow)
-    return {
-        "comment": (f"Generated from hangwatch/engines.py (min_grace: {names}). One step of these engines can "
-                    "take longer than two scrapes (one llama.cpp prompt batch moves nothing for seconds), so "
-                    "no progress must also hold for the engine's minimum grace, as in hangwatch/verdict.py: "
-                    "1 while the readings spanning it (grace / scrape interval + 1, at least 3) are not all "
-                    "without progress. Wall-clock: at a shorter scrape it spans more readings. Engines whose "
-                    "graces span the same readings share one branch (the progress expression is the costly "
-                    "part of this group); three readings reuse the 3-reading progress recorded above."),
-        "record": "target:hangwatch_engine_progress:within_grace",
-        "expr": expr,
-    }
-
-
-def stall_window_rule(settings: Settings) -> dict:
-    """Each backend's stall window in seconds: its own (``hangwatch_stall_window_seconds``, set
-    by the exporter config's ``stall_window``), else its engine's. One branch per distinct
-    window, not per engine. Values, not ranges: the stall rules compare a duration held in a
-    series (``target:hangwatch_engine_output:flat_seconds``) with it, so a window per target
-    costs nothing more than one per engine."""
-    by_window: dict[float, list[str]] = {}
-    for engine in settings.engines:
-        if engine.output:
-            seconds = round(settings.stall_window(engine) * settings.wall_clock_scale, 3)
-            by_window.setdefault(seconds, []).append(engine.name)
-    branches = ["hangwatch_stall_window_seconds"]
-    for seconds, names in sorted(by_window.items()):
-        matcher = f'engine="{names[0]}"' if len(names) == 1 else f'engine=~"{"|".join(names)}"'
-        branches.append(f"group without (engine, module, models, version) (hangwatch_backend_info{{{matcher}}})"
-                        f" * {seconds:g}")
-    windows = ", ".join(f"{'/'.join(names)} {format_duration(seconds)}" for seconds, names in sorted(by_window.items()))
-    return {
-        "comment": (f"Generated from hangwatch/engines.py (stall_window: {windows}; `hangwatch rules --stall-window` "
-                    "sets them). The window is longer than any legitimate request goes without output on "
-                    "the engine's hardware (a long prefill; for engines counting output only when a request "
-                    "finishes, a whole request). A target's own stall_window (exporter config) wins. "
-                    "Wall-clock: it does not scale with the scrape interval."),
-        "record": "target:hangwatch_stall_window:seconds",
-        "expr": "\nor\n".join(branches) + "\n",
-    }
-
-
 # --- placeholders ---------------------------------------------------------------------------
-
-def job_matcher(settings: Settings) -> str:
-    return f'job=~"{settings.job}"'
-
 
 def _fill(text: str, settings: Settings, where: str) -> str:
     def one(match: re.Match) -> str:
@@ -461,7 +257,6 @@ def write(out: Path, settings: Settings = Settings(), names: Iterable[str] = TEM
         path.write_text(render_file(name, settings))
         written.append(path)
     return written
-
 
 
 def shrunk(scrape_interval: float) -> Settings:

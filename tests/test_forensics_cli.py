@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from hangwatch.simulator import Simulator
-from hangwatch.webhook.ledger import Ledger, write_incident
+from hangwatch.webhook.ledger import Ledger
+from hangwatch.webhook.statedir import write_incident
 
 
 @pytest.fixture

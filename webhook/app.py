@@ -1,17 +1,11 @@
 """``hangwatch webhook``: the Alertmanager receiver that restarts only what it proves hung.
 
-``create_app`` is a Flask app factory taking every collaborator (the restarter — one, or one
-per Docker host —, clock, re-checker, ledger), so tests and the demo run it with their own;
-``main`` alone builds the real ones (a ``DockerRestarter`` per host) and hands the app to
-``server.serve``. ``POST /alerts`` checks the token before reading the body, validates the
-v4 payload, triages each alert in the request (cheap: labels against the config, one
-container lookup per target on its own host, under a deadline) and hands the slow part
-(re-check, restart) to the per-target worker, answering within a second. Answers: 200
-handled or deliberately ignored, 400 bad payload, 401 bad token, 503 when a target's Docker
-host is unreachable (Alertmanager retries only 5xx; the others' alerts in the same request
-are queued all the same, and a retry of them is refused as a duplicate or already
-restarted). ``POST /circuit/<target>/reset`` takes the operator's reset token when one is
-configured (``reset_token_file``), else the alert token.
+Alertmanager wants an answer within seconds and retries only a 5xx, so ``POST /alerts`` checks the
+token before reading the body, triages each alert cheaply in the request (labels against the config,
+one container lookup per target on its own Docker host, under ``DOCKER_DEADLINE``) and hands the slow
+part to the per-target worker: 200 handled or ignored, 400 bad payload, 401 bad token, 503 when a
+target's Docker host is unreachable. ``create_app`` takes every collaborator (tests and the demo pass
+their own); ``main`` alone builds the real ones.
 """
 from __future__ import annotations
 
@@ -31,18 +25,20 @@ from hangwatch import __version__, logs
 from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 
 from .config import Config, load_config, load_reset_token, load_token
-from .ledger import Ledger, LedgerError, StateDirError
+from .decisions import REASONS, SKIP
+from .ledger import Ledger, LedgerError
 from .lookups import HostLookups
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .payload import BadPayload, parse_payload
-from .policy import REASONS, SKIP, Job, Policy
+from .policy import Job, Policy
 from .restarter import DOCKER_TIMEOUT, Restarter, docker_restarters
 from .server import MAX_BODY_BYTES, serve
+from .statedir import StateDirError
 from .worker import Worker
 
 log = logging.getLogger("hangwatch.webhook")
 
-ENGINE_DEADLINE = 0.8  # seconds the request may wait for Docker (Alertmanager wants an answer fast)
+DOCKER_DEADLINE = 0.8  # seconds the request may wait for Docker (Alertmanager wants an answer fast)
 
 
 def restart_bound(config: Config) -> float:
@@ -93,7 +89,7 @@ class WebhookState:
 def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str, Restarter],
                reset_token: str | None = None,
                clock=time.time, rechecker=None, dry_run: bool | None = None, ledger: Ledger | None = None,
-               replica: str | None = None, engine_deadline: float = ENGINE_DEADLINE, forensics=None) -> Flask:
+               replica: str | None = None, docker_deadline: float = DOCKER_DEADLINE, forensics=None) -> Flask:
     if rechecker is None:
         from hangwatch.check import check as rechecker
     ledger = ledger or Ledger(config.state_dir, keep=config.history)
@@ -156,7 +152,7 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
         if not candidates:
             return jsonify(alerts=len(parsed), queued=[])
         targets = {target.name: target for _, target in candidates}
-        found = state.lookups.find_all(targets.values(), engine_deadline)
+        found = state.lookups.find_all(targets.values(), docker_deadline)
         queued, unreachable = [], []
         for alert, target in candidates:
             outcome = found[target.name]
@@ -170,7 +166,7 @@ def create_app(config: Config, *, token: str, restarter: Restarter | Mapping[str
             else:
                 policy.record(alert, target, SKIP, "duplicate", "a job for this target is already in progress")
         if unreachable:  # Alertmanager retries the notification; only these targets' hosts failed
-            return jsonify(error="docker engine unreachable; retry later", alerts=len(parsed), queued=queued,
+            return jsonify(error="docker host unreachable; retry later", alerts=len(parsed), queued=queued,
                            unreachable=sorted(set(unreachable))), 503
         return jsonify(alerts=len(parsed), queued=queued)
 

@@ -3,7 +3,7 @@
 A restarter that acts on a typo is worse than none, so every key is known, every value is
 typed and ranged, and every error names its path (``targets[1].contanier: unknown key``).
 ``main()`` turns a ``ConfigError`` into one line on stderr and a non-zero exit before the
-port is bound. The keys and defaults are DESIGN.md's "The webhook"; which Docker engine a target lives on
+port is bound. The keys and defaults are DESIGN.md's "The webhook"; which Docker host a target lives on
 is ``hosts.py``'s, the fleet-wide limits' meaning is ``limits.py``'s.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ class Config:
 
     @property
     def hosts(self) -> tuple[DockerHost, ...]:
-        """Every engine a target lives on, each once (by name)."""
+        """Every Docker host a target lives on, each once (by name)."""
         seen: dict[str, DockerHost] = {}
         for target in self.targets:
             seen.setdefault(target.docker_host.name, target.docker_host)
@@ -112,7 +112,7 @@ def load_config(path: str, env=os.environ) -> Config:
 
 
 def parse_config(raw, env=os.environ) -> Config:
-    """``env``: where the default engine's ``DOCKER_HOST`` and ``DOCKER_TLS_VERIFY`` are read."""
+    """``env``: where the default Docker host's ``DOCKER_HOST`` and ``DOCKER_TLS_VERIFY`` are read."""
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping, got {show(raw)}")
     top = mapping(raw, "", {"token_file", "reset_token_file", "state_dir", "dry_run", "alertnames", "recheck",

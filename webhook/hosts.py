@@ -1,26 +1,10 @@
-"""Which Docker engine each target lives on: the config's ``docker_hosts`` and ``docker_host``.
+"""Which Docker host each target lives on: the config's ``docker_hosts`` and ``docker_host``.
 
-One webhook restarts containers on many Docker hosts, through the engines people already
-run and the Docker SDK's own client per host: ``unix://`` (a local socket), ``tcp://`` (with
-TLS client certificates, or plain for a socket proxy on a private network) and ``ssh://``
-(the SDK's SSH transport: it needs ``paramiko``, the SDK's own extra
-``pip install 'docker[ssh]'``). A target without ``docker_host`` uses the *default* engine:
-``$DOCKER_HOST`` or the local socket, exactly as before.
-
-Hosts are declared once, by name, at the top level (``docker_hosts``) and referred to by
-targets, so 50 targets on 10 hosts name their TLS files 10 times, not 50. A target may also
-give a URL: the declared host with that URL, or (unix, ssh, plain tcp) an undeclared engine.
-
-Everything a host needs is checked at start-up and every error names its key: the scheme is
-known, the URL has a host (and a port, for tcp), TLS files exist, are readable, are PEM, and
-the key matches its certificate. Nothing is connected here: an engine that is down at start-up
-is one target's 503 later, never a webhook that will not start.
-
-Plain ``tcp://`` (no TLS) hands the engine to whoever can reach that port, so a target whose
-engine is one — a declared host without ``tls``, an undeclared URL, or the default engine
-when ``$DOCKER_HOST`` is ``tcp://`` without ``$DOCKER_TLS_VERIFY`` — is refused at start-up
-unless the target (or the declared host) says ``insecure_tcp: true``: a socket proxy on a
-private network, as in the compose stack.
+One webhook restarts containers on many Docker hosts through the Docker daemons people already run
+(``unix://``, ``tcp://`` with TLS client certificates, ``ssh://``), declared once by name so 50 targets
+on 10 hosts name their TLS files 10 times. Everything a host needs is checked at start-up, each error
+naming its key, but nothing is connected: a host down at start-up is one target's 503 later. Plain
+``tcp://`` hands the host to whoever reaches the port, so it is refused unless ``insecure_tcp: true``.
 """
 from __future__ import annotations
 
@@ -38,7 +22,7 @@ from .private import require_private
 
 log = logging.getLogger("hangwatch.webhook")
 
-DEFAULT = "default"  # the name of the engine a target without docker_host uses (reserved)
+DEFAULT = "default"  # the name of the Docker host a target without docker_host uses (reserved)
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 SCHEMES = ("unix", "tcp", "ssh")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -48,21 +32,21 @@ _MAX_PEM = 1024 * 1024
 
 @dataclass(frozen=True)
 class TLSFiles:
-    ca_file: str     # the CA that signed the engine's certificate (the engine is verified)
+    ca_file: str     # the CA that signed the Docker host's certificate (the host is verified)
     cert_file: str   # the webhook's client certificate (dockerd --tlsverify checks it)
     key_file: str    # its private key (never read into a log, a series or an error)
 
 
 @dataclass(frozen=True)
 class DockerHost:
-    name: str                    # "default", a docker_hosts name, or the URL of an undeclared engine
-    url: str | None = None       # None: the default engine ($DOCKER_HOST or the local socket)
+    name: str                    # "default", a docker_hosts name, or the URL of an undeclared Docker host
+    url: str | None = None       # None: the default Docker host ($DOCKER_HOST or the local socket)
     tls: TLSFiles | None = None
     insecure_tcp: bool = False   # docker_hosts.<name>.insecure_tcp: plain tcp:// accepted for it
 
     @property
     def identity(self) -> str:
-        """What tells two engines apart: the URL actually used (the default's from $DOCKER_HOST)."""
+        """What tells two Docker hosts apart: the URL actually used (the default's from $DOCKER_HOST)."""
         return self.url or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
 
     @property
@@ -86,18 +70,18 @@ def parse_docker_hosts(raw) -> dict[str, DockerHost]:
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigError(f"{path}: a host name must be letters, digits, '_', '.', '-' (at most 63)")
         if name == DEFAULT:
-            raise ConfigError(f"{path}: '{DEFAULT}' is the engine of targets without docker_host "
+            raise ConfigError(f"{path}: '{DEFAULT}' is the Docker host of targets without docker_host "
                               "($DOCKER_HOST or the local socket); choose another name")
         data = mapping(entry, path, {"url", "tls", "insecure_tcp"}, required={"url"})
         url = docker_url(data["url"], f"{path}.url")
         tls = None
         if "tls" in data:
             if urlsplit(url).scheme != "tcp":
-                raise ConfigError(f"{path}.tls: only a tcp:// engine uses TLS ({url} is not one)")
+                raise ConfigError(f"{path}.tls: only a tcp:// Docker host uses TLS ({url} is not one)")
             tls = tls_files(data["tls"], f"{path}.tls")
         insecure = boolean(data.get("insecure_tcp", False), f"{path}.insecure_tcp")
         if insecure and (tls is not None or urlsplit(url).scheme != "tcp"):
-            raise ConfigError(f"{path}.insecure_tcp: only for a plain tcp:// engine without tls ({url} "
+            raise ConfigError(f"{path}.insecure_tcp: only for a plain tcp:// Docker host without tls ({url} "
                               f"{'has tls' if tls is not None else 'is not tcp://'})")
         if url in by_url:
             raise ConfigError(f"{path}.url: {url} is already docker_hosts.{by_url[url]}")
@@ -152,7 +136,7 @@ def docker_url(value, path: str) -> str:
         raise ConfigError(f"{path}: {show(text)} must not carry a password (use an SSH key)")
     if parts.scheme == "tcp":
         if parts.username is not None:
-            raise ConfigError(f"{path}: {show(text)}: a tcp:// engine takes no user")
+            raise ConfigError(f"{path}: {show(text)}: a tcp:// Docker host takes no user")
         if port is None or port == 0:
             raise ConfigError(f"{path}: {show(text)} must name its port (tcp://HOST:2376 with TLS)")
     return text.rstrip("/")
@@ -208,12 +192,12 @@ def _check_transport(path: str, url: str) -> None:
 
 
 def require_tls(host: DockerHost, insecure_tcp: bool, path: str, env: Mapping[str, str]) -> None:
-    """A target's engine is reached with TLS, or someone said ``insecure_tcp: true`` for it;
+    """A target's Docker host is reached with TLS, or someone said ``insecure_tcp: true`` for it;
     ConfigError at ``path`` (the target's ``docker_host``) otherwise."""
-    if host.url is None:  # the default engine: Docker's own variables decide, as the SDK reads them
+    if host.url is None:  # the default Docker host: Docker's own variables decide, as the SDK reads them
         url = env.get("DOCKER_HOST") or DEFAULT_SOCKET
         plain = urlsplit(url).scheme == "tcp" and not env.get("DOCKER_TLS_VERIFY")
-        where = f"the default engine, $DOCKER_HOST={url}, is plain TCP ($DOCKER_TLS_VERIFY is not set)"
+        where = f"the default Docker host, $DOCKER_HOST={url}, is plain TCP ($DOCKER_TLS_VERIFY is not set)"
         fix = "set DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH, or say insecure_tcp: true on this target"
     else:
         url = host.url
@@ -227,7 +211,7 @@ def require_tls(host: DockerHost, insecure_tcp: bool, path: str, env: Mapping[st
             raise ConfigError(f"{path}: insecure_tcp: true, but {url} is not plain tcp:// (remove it)")
         return
     if insecure_tcp or host.insecure_tcp:
-        log.info("%s: %s is plain TCP (insecure_tcp: true): whoever reaches it controls that engine", path, url)
+        log.info("%s: %s is plain TCP (insecure_tcp: true): whoever reaches it controls that Docker host", path, url)
         return
-    raise ConfigError(f"{path}: {where}: whoever reaches that port controls the engine; {fix} "
+    raise ConfigError(f"{path}: {where}: whoever reaches that port controls the Docker host; {fix} "
                       "(only for a socket proxy on a private network)")

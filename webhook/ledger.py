@@ -1,54 +1,23 @@
-"""The webhook's memory: an append-only, fsync'd JSON-lines ledger, and per-target file locks.
+"""The webhook's memory: an append-only, fsync'd JSON-lines ledger (``state_dir/ledger.jsonl``).
 
-Every restart and every decision about a configured target is a line in
-``state_dir/ledger.jsonl``; a restart is written *before* the Docker call, so a crash
-mid-restart still counts against the budget. Cooldowns, budgets and circuits are computed
-from the file, never from process memory alone: a restarted webhook, or a second replica
-sharing the state_dir, reads what the others did (``refresh()`` picks up new lines from
-where it stopped).
-
-What makes it trustworthy:
-
-- **Writes are whole or absent.** Appends hold ``locks/ledger.lock`` (``fcntl.flock``, shared
-  by every replica). Under it, a torn last line (a crash mid-write, a full disk) is cut off
-  before anything is appended, so a new record never fuses with garbage; a short or failed
-  write is undone and raises ``LedgerError``. The policy then fails closed: no restart
-  without its record.
-- **Reading is line by line** and keeps only what the decisions need: per target, the
-  restart attempts that may still count (``keep`` seconds: the longest of the budget window,
-  the fleet budget's window and ``recovery``), the last restart (cooldown), the last operator
-  reset (circuit) and the last time its backend was seen healthy after a restart (``recovered``:
-  the group limit). Decision lines are skipped without being parsed.
-- **It is compacted** once it passes ``rotate_bytes``: under the lock, the records that still
-  matter are written to a new file that atomically replaces ``ledger.jsonl``; the old one is
-  kept as ``ledger.jsonl.1`` (one generation, for people). A replica notices the new file
-  (its inode changed) and re-reads it from the start.
-
-``target_lock`` (``locks/<target>.lock``) makes decide+restart for one target exclusive across
-processes; ``fleet_lock`` (``locks/_fleet.lock``, a name no target can have) makes the
-fleet-wide limits' check-and-record exclusive across targets and processes. Files are
-created 0600, directories 0700: incident records hold container logs.
-
-Whoever else can write in ``state_dir`` could plant a symbolic link there and have the webhook
-truncate or append to a file it names. So ``state_dir`` must be the webhook's own user's and
-writable by no one else (``check_state_dir``: else the webhook does not start), its
-``incidents`` and ``locks`` real directories like it, and every file in it is opened with
-``O_NOFOLLOW`` (a link is refused, never followed); a file that is written whole (compaction,
-an incident record) is a new one (``O_EXCL``) renamed into place.
+Cooldowns, budgets and circuits must survive a restart of the webhook and agree between replicas,
+so they are computed from this file, never from memory alone (docs/design.md, "Why the webhook's
+memory is a ledger"): writes are whole or absent (under ``locks/ledger.lock``, a torn tail cut first,
+a short write undone: ``LedgerError``, and the policy fails closed), reading keeps only what the
+decisions need, and past ``rotate_bytes`` the records that still matter replace the file.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import logging
 import os
-import stat
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+
+from .statedir import LedgerError, check_state_dir, create_new, fsync_dir, open_private, write_all
 
 log = logging.getLogger("hangwatch.webhook")
 
@@ -57,54 +26,6 @@ ROTATE_BYTES = 16 * 1024 * 1024  # compact past this size (the old file stays as
 MAX_LINE = 64 * 1024             # a longer "line" is garbage: skipped, never held in memory
 SKEW_MARGIN = 300.0              # seconds of clock difference between replicas tolerated when pruning
 _DECISION = b'"event": "decision"'  # records are written with sort_keys; a decision is audit only
-
-
-class LedgerError(Exception):
-    """The ledger (or an incident record) could not be read or written: fail closed."""
-
-
-class StateDirError(LedgerError):
-    """``state_dir`` (or a directory in it) is not private to the webhook's user."""
-
-
-def check_state_dir(state_dir: str) -> None:
-    """``state_dir``, ``incidents`` and ``locks`` are directories owned by this process's user
-    and not writable by group or others (the two inside it no symbolic links either)."""
-    for path, follow in ((state_dir, True), (os.path.join(state_dir, "incidents"), False),
-                         (os.path.join(state_dir, "locks"), False)):
-        try:
-            status = os.stat(path) if follow else os.lstat(path)
-        except OSError as exc:
-            raise StateDirError(f"{path}: {exc.strerror or exc}") from None
-        if stat.S_ISLNK(status.st_mode):
-            raise StateDirError(f"{path} is a symbolic link; it must be a directory")
-        if not stat.S_ISDIR(status.st_mode):
-            raise StateDirError(f"{path} is not a directory")
-        if status.st_uid != os.geteuid():
-            raise StateDirError(f"{path} is owned by uid {status.st_uid}, not the webhook's user "
-                                f"(uid {os.geteuid()}); chown it to that user")
-        if status.st_mode & 0o022:
-            raise StateDirError(f"{path} is writable by group or others (mode {stat.S_IMODE(status.st_mode):04o}); "
-                                "chmod 0700 it")
-
-
-def _open(path: str, flags: int, mode: int = 0o600) -> int:
-    """``os.open`` that never follows a symbolic link in the last component."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise OSError(errno.ELOOP, "it is a symbolic link (refused)", path) from None
-        raise
-
-
-def _create_new(path: str) -> int:
-    """A new file at ``path`` (0600), replacing whatever was left there (a link is not followed)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    return _open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
 
 
 @dataclass
@@ -133,7 +54,7 @@ class Ledger:
         self._lock_path = os.path.join(state_dir, "locks", "ledger.lock")
         try:
             with self._locked():  # never create it while another replica compacts it
-                os.close(_open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+                os.close(open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
         except OSError as exc:
             raise LedgerError(f"cannot use {exc.filename or self.path}: {exc.strerror or exc}") from None
         self._mutex = threading.Lock()
@@ -157,11 +78,11 @@ class Ledger:
         with self._mutex:
             try:
                 with self._locked():
-                    fd = _open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+                    fd = open_private(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
                     try:
                         size = _cut_torn_tail(fd, self.path)
                         try:
-                            _write_all(fd, line)
+                            write_all(fd, line)
                             os.fsync(fd)
                         except OSError:
                             _undo(fd, size)
@@ -176,7 +97,7 @@ class Ledger:
 
     @contextmanager
     def _locked(self):
-        fd = _open(self._lock_path, os.O_RDWR | os.O_CREAT)
+        fd = open_private(self._lock_path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -195,9 +116,9 @@ class Ledger:
         marker = encode({"event": "compacted", "at": time.time(), "from_bytes": self._offset,
                          "previous": LEDGER_NAME + ".1"})
         temporary = self.path + ".compact"
-        fd = _create_new(temporary)
+        fd = create_new(temporary)
         try:
-            _write_all(fd, marker + b"".join(line for _, line in kept))
+            write_all(fd, marker + b"".join(line for _, line in kept))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -211,7 +132,7 @@ class Ledger:
         except OSError:                       # no hard links here: a moment without a ledger, which
             os.rename(self.path, previous)    # a reader takes as unreadable (no restart), not as empty
         os.replace(temporary, self.path)      # ... while the path switches atomically
-        _fsync_dir(self.state_dir)
+        fsync_dir(self.state_dir)
         log.info("ledger: compacted %s (%d bytes) to %d records; the old file is %s",
                  self.path, self._offset, len(kept), previous)
         self._refresh()
@@ -226,7 +147,7 @@ class Ledger:
                 raise LedgerError(f"cannot read {self.path}: {exc.strerror or exc}") from None
 
     def _refresh(self) -> None:
-        with os.fdopen(_open(self.path, os.O_RDONLY), "rb") as handle:
+        with os.fdopen(open_private(self.path, os.O_RDONLY), "rb") as handle:
             status = os.fstat(handle.fileno())
             file_id = (status.st_dev, status.st_ino)
             if file_id != self._file_id or status.st_size < self._offset:
@@ -309,7 +230,6 @@ class Ledger:
             since = max(now - window, history.reset_at)
             return sorted(at for at, _ in history.restarts if at > since)
 
-
     def restarting(self, target: str, now: float, recovery: float) -> bool:
         """Is the target's last restart unsettled: less than ``recovery`` s ago, and its backend
         not seen healthy since (``limits.py`` defines this; a restart that failed counts too)?"""
@@ -341,16 +261,6 @@ def _needed(history: TargetHistory):
         yield history.recovered_at, history.recovered_line
     if history.opened_line:
         yield history.opened_at, history.opened_line
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """``os.write`` until every byte is written (a full disk writes short, then fails)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EIO, "write wrote nothing")
-        view = view[written:]
 
 
 def _undo(fd: int, size: int) -> None:
@@ -392,76 +302,3 @@ def _skip_line(handle) -> int | None:
             return skipped
         if len(chunk) < MAX_LINE:
             return None
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-FLEET_LOCK = "_fleet"  # target names start with a letter or digit: no target's lock is this one
-
-
-def target_lock(state_dir: str, target: str, *, deadline: float, poll: float = 0.05,
-                cancelled: Callable[[], bool] = lambda: False):
-    """Hold ``locks/<target>.lock`` exclusively (across processes); TimeoutError after ``deadline`` s
-    (or as soon as ``cancelled()`` says so: the webhook is stopping)."""
-    return _file_lock(state_dir, target, deadline=deadline, poll=poll, cancelled=cancelled)
-
-
-def fleet_lock(state_dir: str, *, deadline: float, poll: float = 0.02, cancelled: Callable[[], bool] = lambda: False):
-    """Hold ``locks/_fleet.lock``: checking the fleet-wide limits and recording a restart are one
-    step for every target and replica. Always taken *inside* a target lock, never around one."""
-    return _file_lock(state_dir, FLEET_LOCK, deadline=deadline, poll=poll, cancelled=cancelled)
-
-
-@contextmanager
-def _file_lock(state_dir: str, name: str, *, deadline: float, poll: float, cancelled: Callable[[], bool]):
-    path = os.path.join(state_dir, "locks", f"{name}.lock")
-    try:
-        fd = _open(path, os.O_RDWR | os.O_CREAT)
-    except OSError as exc:  # fail closed: no lock, no restart
-        raise LedgerError(f"cannot open lock {path}: {exc.strerror or exc}") from None
-    try:
-        give_up = time.monotonic() + deadline
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if cancelled():
-                    raise TimeoutError(f"stopping while {path} was held elsewhere") from None
-                if time.monotonic() >= give_up:
-                    raise TimeoutError(f"lock {path} held elsewhere for {deadline:g}s") from None
-                time.sleep(poll)
-        yield
-    finally:
-        os.close(fd)  # closing the only descriptor releases the flock
-
-
-def write_incident(state_dir: str, name: str, record: dict) -> str:
-    """Write ``incidents/<name>.json`` (0600) atomically and durably; returns its path.
-    ``LedgerError`` if it cannot be written whole (nothing half-written is left behind)."""
-    directory = os.path.join(state_dir, "incidents")
-    path = os.path.join(directory, f"{name}.json")
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    data = (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode()
-    try:
-        fd = _create_new(temporary)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-        _fsync_dir(directory)
-    except OSError as exc:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise LedgerError(f"cannot write incident record {path}: {exc.strerror or exc}") from None
-    return path

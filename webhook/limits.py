@@ -1,31 +1,12 @@
 """Fleet-wide limits: a shared incident must not become a fleet-wide restart storm.
 
-A driver fault or a bad deploy can hang every replica of a model at once. Each replica's
-alert is true, each re-check says hung, and each target's cooldown and budget allow one
-restart: without a limit across targets, every replica restarts together and the model
-serves nothing while all of them reload. Two limits stop that; what exceeds them is left to
-people (a decision of its own, counted and logged at ERROR):
-
-``group_limit`` (reason ``group_limit``)
-    Targets that serve one model share a ``group`` (a key of the target in the config, never
-    an alert label: a label is whatever the sender wrote). At most ``group_limit`` targets of
-    one group are *restarting* at once: a whole number, or a share of the group's targets
-    (``25%``: rounded down, but never below one, so every group can heal one target).
-
-    A target is **restarting** from the moment its restart is recorded (before the Docker
-    call) until the webhook has seen its backend healthy again — its own check, the verdict
-    core's, says ``idle`` or ``busy`` (a ``recovered`` ledger line) — or until ``recovery``
-    has passed since the restart, whichever comes first. A restart whose backend never comes
-    back holds its group's slot for the whole ``recovery``: in a shared incident the first
-    restart that does not help keeps the others from being restarted for that long.
-
-``fleet_budget`` (reason ``fleet_limit``)
-    At most ``fleet_budget.restarts`` restart attempts across every target and host within
-    any ``fleet_budget.window`` (a sliding window; an operator's circuit reset does not
-    refund it).
-
-Both are computed from the ledger, the memory every replica shares, and checked and recorded
-as one step under ``ledger.fleet_lock``, so they hold across replicas sharing a state_dir.
+A driver fault or a bad deploy can hang every replica of a model at once, and each target's own
+cooldown and budget would let all of them restart together, leaving the model serving nothing. So at
+most ``group_limit`` targets of a ``group`` are *restarting* at once (from the recorded restart until
+the backend is seen healthy or ``recovery`` passes) and at most ``fleet_budget`` restarts happen across
+the fleet per window; what exceeds them is left to people (docs/fleets.md). Both are computed from the
+shared ledger and checked with the restart's record under ``statedir.fleet_lock``, so they hold across
+replicas.
 """
 from __future__ import annotations
 

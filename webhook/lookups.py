@@ -1,7 +1,7 @@
 """The request's container lookups, one Docker host at a time slot, never one host for another.
 
 ``POST /alerts`` answers within a second, so each alert's container is looked up under a
-deadline before its job is queued: an engine that cannot say whether the container exists is
+deadline before its job is queued: a Docker host that cannot say whether the container exists is
 a 503, and Alertmanager retries. With many hosts, one that hangs must cost only its own
 targets. So each host has its own small pool (``SLOTS`` threads): the hosts of one request
 are asked side by side, a hung host's calls pile up (and are cancelled) in its own queue
@@ -15,7 +15,7 @@ import time
 from typing import Callable, Iterable
 
 from .config import Target
-from .restarter import ContainerNotFound, EngineError
+from .restarter import ContainerNotFound, DockerError
 
 SLOTS = 2  # threads per Docker host for lookups in requests
 
@@ -29,7 +29,7 @@ class HostLookups:
 
     def find_all(self, targets: Iterable[Target], timeout: float) -> dict[str, bool | str]:
         """Per target name: True (its container exists), False (it does not), or why its
-        host could not say (unreachable, an engine error, no answer within ``timeout`` s)."""
+        host could not say (unreachable, a Docker error, no answer within ``timeout`` s)."""
         give_up = time.monotonic() + timeout
         by_host: dict[str, list[Target]] = {}
         for target in targets:
@@ -42,7 +42,7 @@ class HostLookups:
                 try:
                     found.update(future.result())
                     continue
-                except EngineError as exc:
+                except DockerError as exc:
                     why = str(exc) or type(exc).__name__
             else:
                 future.cancel()  # not started: never runs; running: finishes in its host's thread

@@ -1,7 +1,7 @@
 """Secret files the webhook reads must not be open to every user on the machine.
 
 The alert token, the reset token, a backend's API key and a Docker TLS key each let their
-holder do what the webhook does (have a container restarted, talk to an engine as it), so a
+holder do what the webhook does (have a container restarted, talk to a Docker host as it), so a
 file any local user may read, or rewrite, is refused at start-up (exit 64, naming its key)
 rather than warned about. Group-readable is fine: in compose, Alertmanager reads the token
 through the webhook's group (the file is 0440).

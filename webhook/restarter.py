@@ -1,30 +1,11 @@
-"""What the webhook asks of a container engine, and the real one: Docker through its SDK.
+"""What the webhook asks of a Docker host, and the real one: Docker through its SDK.
 
-The policy (``policy.py``) decides; a *restarter* only finds a container, reports its state,
-restarts it with a stop timeout and reads its log tail. Tests and the demo hand
-``create_app`` their own restarter (``tests/webhook/fakes.py``, ``demo/nodocker.py``); only
-``main`` builds ``DockerRestarter``.
-
-``DockerRestarter`` makes exactly these Engine API calls, which is all the compose file's
-socket proxy lets through (``docker-compose.yml``, service ``docker-proxy``)::
-
-    GET  /version                               (API version negotiation, once)
-    GET  /vX/containers/json?all=1&filters=...  (find by exact name)
-    GET  /vX/containers/{id}/json               (state, StartedAt)
-    GET  /vX/containers/{id}/logs?tail=N        (the incident record's log tail)
-    POST /vX/containers/{id}/restart?t=S        (the restart)
-
-Each Docker host gets its own ``DockerRestarter`` and its own Docker SDK client
-(``docker_restarters``): the default engine from the environment (``DOCKER_HOST`` or the
-local socket), a ``unix://`` socket, ``tcp://`` with the TLS files named in the config
-(the engine's certificate is verified against ``ca_file``, and the client presents
-``cert_file``/``key_file``), or ``ssh://`` through the SDK's SSH transport. A client is made
-on first use and again after a failure, so a host that is down at start-up or goes away
-later costs only its own targets.
-
-A container is looked up by its exact name and then addressed by its ID: Docker resolves a
-bare ``/containers/{name}`` by ID prefix too, so a configured name that matches no container
-could otherwise reach another container whose ID happens to start with those letters.
+The policy decides; a *restarter* only finds a container, reports its state, restarts it with a stop
+timeout and reads its log tail, so tests and the demo hand ``create_app`` their own and only ``main``
+builds ``DockerRestarter`` (one per host, its client made on first use and again after a failure).
+It makes only the Docker API calls the compose file's socket proxy lets through (tests/test_compose.py
+checks), and addresses a container by the ID found under its exact name: Docker resolves a bare name
+by ID prefix too, which could reach another container.
 """
 from __future__ import annotations
 
@@ -37,15 +18,15 @@ from typing import Protocol
 from .hosts import DockerHost
 from .payload import parse_rfc3339
 
-DOCKER_TIMEOUT = 10.0  # seconds per Engine API call; a restart gets its stop timeout on top
+DOCKER_TIMEOUT = 10.0  # seconds per Docker API call; a restart gets its stop timeout on top
 
 
 class ContainerNotFound(Exception):
-    """The engine answered: no container has this name."""
+    """Docker answered: no container has this name."""
 
 
-class EngineError(Exception):
-    """The engine did not answer usefully (unreachable, timed out, 5xx): a retry may help."""
+class DockerError(Exception):
+    """The Docker host did not answer usefully (unreachable, timed out, 5xx): a retry may help."""
 
 
 @dataclass(frozen=True)
@@ -56,13 +37,13 @@ class Container:
     running: bool
     restarting: bool
     paused: bool
-    started_at: datetime | None  # aware UTC; None if it never started or the engine gave nothing usable
-    started_at_text: str | None  # as the engine wrote it (for the incident record)
+    started_at: datetime | None  # aware UTC; None if it never started or Docker gave nothing usable
+    started_at_text: str | None  # as Docker wrote it (for the incident record)
 
 
 class Restarter(Protocol):
     def find(self, name: str) -> Container:
-        """The container named exactly ``name``; ContainerNotFound or EngineError otherwise."""
+        """The container named exactly ``name``; ContainerNotFound or DockerError otherwise."""
 
     def restart(self, container: Container, stop_timeout: float) -> None:
         """Restart it (SIGTERM, then SIGKILL after ``stop_timeout`` s); raises on failure."""
@@ -72,7 +53,7 @@ class Restarter(Protocol):
 
 
 def container_from_inspect(attrs: dict) -> Container:
-    """A ``Container`` from the Engine's ``GET /containers/{id}/json`` answer."""
+    """A ``Container`` from Docker's ``GET /containers/{id}/json`` answer."""
     state = attrs.get("State") or {}
     text = state.get("StartedAt")
     started = None
@@ -90,13 +71,13 @@ def container_from_inspect(attrs: dict) -> Container:
 
 
 def docker_api(host: DockerHost | None, timeout: float = DOCKER_TIMEOUT):
-    """The Docker SDK's own API client for one host, its API version asked of the engine.
+    """The Docker SDK's own API client for one host, its API version asked of the host.
 
     A host from the config uses only what the config says: the requests session ignores the
     environment (``trust_env``). Otherwise ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE``, which
-    many machines set, replaces the configured ``ca_file`` on every call and the engine's
+    many machines set, replaces the configured ``ca_file`` on every call and the host's
     certificate fails to verify ("unable to get local issuer certificate"), and an
-    ``HTTPS_PROXY`` would carry the Engine API through a proxy."""
+    ``HTTPS_PROXY`` would carry the Docker API through a proxy."""
     import docker
     if host is None or host.url is None:
         return docker.from_env(timeout=timeout).api  # $DOCKER_HOST, $DOCKER_TLS_VERIFY, $DOCKER_CERT_PATH
@@ -123,7 +104,7 @@ def docker_restarters(config, timeout: float = DOCKER_TIMEOUT) -> dict[str, "Doc
 
 
 class DockerRestarter:
-    """The Docker Engine API of one host through the Docker SDK; the engine is reached on first
+    """The Docker API of one host through the Docker SDK; the host is reached on first
     use (and again after a failure), so the webhook may start before it."""
 
     def __init__(self, client=None, *, host: DockerHost | None = None, timeout: float = DOCKER_TIMEOUT):
@@ -139,7 +120,7 @@ class DockerRestarter:
                     self._api_client = docker_api(self._host, self._timeout)
                 except Exception as exc:  # unreachable now; the next call tries again
                     where = self._host.name if self._host else "default"
-                    raise EngineError(f"docker host {where}: {type(exc).__name__}: {str(exc)[:200]}") from exc
+                    raise DockerError(f"docker host {where}: {type(exc).__name__}: {str(exc)[:200]}") from exc
             return self._api_client
 
     def find(self, name: str) -> Container:
@@ -155,10 +136,10 @@ class DockerRestarter:
             raise
         except NotFound:  # removed between the list and the inspect
             raise ContainerNotFound(name) from None
-        except EngineError:
+        except DockerError:
             raise
         except Exception as exc:  # ConnectionError, APIError 5xx, timeouts, DockerException
-            raise EngineError(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise DockerError(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
         container = container_from_inspect(attrs)
         if container.name != name:
             raise ContainerNotFound(name)

@@ -1,27 +1,11 @@
 """Serving the webhook: waitress with limits, and a stop that never cuts a restart in half.
 
-Why waitress (a production WSGI server in pure Python): one I/O thread multiplexes every
-connection and only a *complete* request reaches one of ``threads`` worker threads, so a
-client that opens connections and sends nothing, or a header a byte at a time, holds a file
-descriptor, never a thread. ``channel_timeout`` closes a connection idle that long;
-``connection_limit`` caps how many are open (past it, new ones wait in the kernel's listen
-backlog). Werkzeug's development server, used before, held one thread per connection for as
-long as the client liked (300 half-open connections: 300 threads, never released).
-
-Stopping (SIGTERM or SIGINT; in its container the webhook is PID 1): stop accepting at once,
-let requests in progress answer (a request never waits on a re-check, so this takes
-moments), then ``WebhookState.shutdown``: no new restart begins, a restart already under way
-finishes within its bound, and jobs still re-checking are abandoned — Alertmanager re-sends
-their alerts to the next process.
-
-What a client without the token can make it hold: a request head (at most
-``MAX_HEADER_BYTES``) per connection, ``CONNECTION_LIMIT`` connections. Waitress reads a
-whole request, body included, before the app sees it, so ``BodyGate`` decides at the end of
-the head, on the I/O thread: a request with a body and without a token the app accepts never
-has its body read: it is answered (401 by the app, which checks again) with an empty body and
-the connection is closed. A body with the token is held in memory (``inbuf_overflow`` =
-``MAX_BODY_BYTES``: never a temporary file) up to ``MAX_BODY_BYTES``, sized from a measured
-Alertmanager notification (docs/configuration.md, "Limits").
+A client may be slow on purpose, so a connection must cost a file descriptor, never a thread: waitress
+hands only complete requests to its workers, bounds idle and open connections, and ``BodyGate`` refuses
+to read a body without a token the app accepts (docs/design.md, "Why the webhook is served by
+waitress"). On SIGTERM it stops accepting, lets requests in progress answer, then
+``WebhookState.shutdown``: no new restart begins, one under way finishes within its bound, jobs still
+re-checking are abandoned (Alertmanager re-sends).
 """
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable
 
 log = logging.getLogger("hangwatch.webhook")
@@ -48,11 +47,5 @@ class Worker:
 
     def wait_idle(self, timeout: float) -> bool:
         """True once no job is in progress; False if ``timeout`` seconds pass first."""
-        deadline = time.monotonic() + timeout
         with self._changed:
-            while self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(left)
-        return True
+            return self._changed.wait_for(lambda: not self._busy, timeout)

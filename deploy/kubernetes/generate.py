@@ -1,29 +1,22 @@
 #!/usr/bin/env python3
 """Write the Kubernetes copies of the rules and the dashboard from their one source.
 
-- ``base/prometheusrule.yaml``: one PrometheusRule per rule file, whose ``spec.groups`` are the
-  groups ``hangwatch rules --job 'hangwatch|probe/hangwatch/hangwatch-external'
-  --exporter-job 'hangwatch_exporter|hangwatch-exporter'`` writes: the sidecars' PodMonitor
-  (components/hangwatch-sidecar) sets the jobs hangwatch and hangwatch_exporter, the Prometheus
-  Operator names a Probe's job ``probe/NAMESPACE/NAME`` (``external/``) and a ServiceMonitor's
-  after its Service (the central exporter's /metrics: hangwatch-exporter); the rules read those
-  jobs' ``up``. 15 s scrapes, as all of them set;
-- ``components/hangwatch-rules/prometheusrule.yaml``: the same for the Component's own jobs
-  only (``hangwatch rules --kubernetes`` with its defaults), for a kustomization without base/;
-- ``base/grafana-dashboard.yaml``: a ConfigMap holding ``grafana/dashboards/hangwatch.json``
-  byte for byte, labelled for Grafana's dashboard sidecar (``grafana_dashboard: "1"``).
-
-Never edit the outputs by hand: ``tests/test_kubernetes_manifests.py`` regenerates them and
-fails when the committed files differ. After changing a rule or the dashboard::
+``base/prometheusrule.yaml`` (the rule files' groups for the jobs the sidecars' PodMonitor, the
+Operator's Probe and the central exporter's ServiceMonitor set), ``components/hangwatch-rules/
+prometheusrule.yaml`` (the Component's own jobs only) and ``base/grafana-dashboard.yaml`` (the
+dashboard, byte for byte, for Grafana's sidecar) are generated so the rules and the dashboard have one
+source. Never edit them: ``tests/test_kubernetes_manifests.py`` fails when they are stale.
 
     python3 deploy/kubernetes/generate.py            # rewrite the files in place
     python3 deploy/kubernetes/generate.py --check    # exit 1 if they are stale
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # deploy/generated_files.py
+import generated_files  # noqa: E402
 
 
 def _source_tree_packages() -> None:
@@ -91,23 +84,8 @@ def outputs() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is stale")
-    parser.add_argument("--out", type=Path, default=BASE.parent, help="where to write (default: deploy/kubernetes)")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, text in outputs().items():
-        path = args.out / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        sys.stderr.write("stale (run python3 deploy/kubernetes/generate.py): " + ", ".join(stale) + "\n")
-        return 1
-    return 0
+    return generated_files.main(argv, description=__doc__.splitlines()[0], outputs=outputs, out=BASE.parent,
+                                rerun="python3 deploy/kubernetes/generate.py")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ on-time one puts two readings less than half an interval apart, and for a while 
 should hold the last three readings holds four. Rules that asked for exactly three readings
 found none for an evaluation or two: a frozen server read busy in between and its hang alert
 fired twice. The rules now read the last three and one older reading then, which keeps a
-frozen server hung and a working one busy (rules/render.py ``readings_windows``). The scenarios'
+frozen server hung and a working one busy (rules/windows.py ``readings_windows``). The scenarios'
 own jitter (tests/rules/gen_promtool.py) stays under half an interval, so this is its own test.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The rules read engine work from one series per target, the exporter's progress fingerprint
 (``changes()``), and a new process without a start time from another, the sum of its counters
-(``resets()``): rules/render.py ``progress_expr`` and ``resets_expr``. Before, they read each
+(``resets()``): rules/windows.py ``progress_expr`` and ``resets_expr``. Before, they read each
 signal over each range and joined the results, which was most of the recording group's cost.
 Here both are fed what the exporter exposes for runs of readings (``families_for``) and
 compared, with promtool, against that plain chain of every signal:

@@ -24,7 +24,7 @@ class Certs:
     other_client_key: pathlib.Path
 
     def tls(self) -> dict:
-        """The webhook config's ``tls`` block for an engine served with these certificates."""
+        """The webhook config's ``tls`` block for a Docker host served with these certificates."""
         return {"ca_file": str(self.ca), "cert_file": str(self.client_cert), "key_file": str(self.client_key)}
 
 

@@ -13,7 +13,7 @@ from hangwatch.check import CheckResult
 from hangwatch.observe import Observation
 from hangwatch.reading import Reading
 from hangwatch.verdict import Verdict
-from hangwatch.webhook.restarter import Container, ContainerNotFound, EngineError, container_from_inspect
+from hangwatch.webhook.restarter import Container, ContainerNotFound, DockerError, container_from_inspect
 
 TOKEN = "s3cret-token-for-tests-0123456789"  # 33 characters: the webhook wants at least 32
 
@@ -39,10 +39,10 @@ class FakeClock:
 
 
 class FakeContainer:
-    """One container as the Engine's inspect answer describes it (``attrs``, mutable by tests)."""
+    """One container as Docker's inspect answer describes it (``attrs``, mutable by tests)."""
 
-    def __init__(self, engine: "FakeRestarter", name: str, started: float):
-        self.engine = engine
+    def __init__(self, host: "FakeRestarter", name: str, started: float):
+        self.host = host
         self.name = name
         self.id = f"{abs(hash(name)):064x}"[:64]
         self.attrs = {"Id": self.id, "Name": "/" + name,
@@ -56,7 +56,7 @@ class FakeContainer:
 
 class FakeRestarter:
     """A ``Restarter`` over fake containers; records every lookup (``gets``) and restart (``restarts``).
-    ``down`` makes the engine unreachable, ``delay`` slow; ``restart_gate`` holds a restart until set."""
+    ``down`` makes the Docker host unreachable, ``delay`` slow; ``restart_gate`` holds a restart until set."""
 
     def __init__(self, clock, names=("vllm-a", "vllm-b"), started: float | None = None):
         self.clock = clock
@@ -76,7 +76,7 @@ class FakeRestarter:
         if self.delay:
             time.sleep(self.delay)
         if self.down:
-            raise EngineError("ConnectionError: Connection aborted: FileNotFoundError(2)")
+            raise DockerError("ConnectionError: Connection aborted: FileNotFoundError(2)")
         with self.lock:
             container = self.by_name.get(name)
             if container is None:

@@ -1,7 +1,7 @@
-"""Real parts for the webhook's tests: a Docker engine, a local image, fake-vLLM containers,
+"""Real parts for the webhook's tests: a Docker host, a local image, fake-vLLM containers,
 ``hangwatch webhook`` processes and an Alertmanager. Each fixture stops what it started.
 
-The engine: if ``docker info`` does not answer, ``.ci/start-dockerd.sh`` starts one (no
+Docker: if ``docker info`` does not answer, ``.ci/start-dockerd.sh`` starts one (no
 bridge, no iptables) and ``.ci/stop-dockerd.sh`` stops it at the end of the session. The
 image is made here with ``docker import`` (no registry): an empty root with /lib, /bin
 symlinks into /usr, and the host's /usr bind-mounted read-only, so the host's
@@ -51,15 +51,15 @@ def answers(url: str) -> bool:
         return False
 
 
-def _engine_answers() -> bool:
+def _dockerd_answers() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
 
 
 @pytest.fixture(scope="session")
 def dockerd():
-    """A Docker engine answering on the default socket; started (and stopped) here if needed."""
+    """A Docker host answering on the default socket; started (and stopped) here if needed."""
     require_binary("docker")
-    if _engine_answers():
+    if _dockerd_answers():
         yield
         return
     require_binary("dockerd")

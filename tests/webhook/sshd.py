@@ -1,10 +1,10 @@
 """A real OpenSSH server on 127.0.0.1 for the webhook's ``ssh://`` Docker host, as a GPU box
 reached over SSH would be: the Docker SDK's SSH transport (paramiko) logs in with a key and
-runs ``docker system dial-stdio`` there, which speaks to that box's engine.
+runs ``docker system dial-stdio`` there, which speaks to that box's Docker.
 
 Everything is in one temporary directory: the host key, the server config, the client's
 HOME (its key and a ``known_hosts`` holding the server's key: the SDK refuses unknown host
-keys). The key may do nothing but dial the engine (``restrict,command="docker system
+keys). The key may do nothing but dial Docker (``restrict,command="docker system
 dial-stdio"`` in ``authorized_keys``), which is how a fleet should hand out such a key.
 """
 from __future__ import annotations

@@ -239,7 +239,7 @@ def test_restarted_webhook_restores_cooldown_and_budget_from_the_ledger(harness,
 def test_two_replicas_sharing_state_dir_restart_once(harness):
     gate = threading.Event()
     one = harness()
-    two = harness(clock=one.clock, restarter=one.restarter)  # same state_dir, same engine
+    two = harness(clock=one.clock, restarter=one.restarter)  # same state_dir, same Docker host
     for h in (one, two):
         h.rechecker.gate = gate
     body = payload(one.alert())

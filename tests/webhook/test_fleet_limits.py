@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hangwatch.webhook import policy as policy_module
+from hangwatch.webhook import restarting as restarting_module
 
 from .fakes import FakeClock, FakeRestarter, payload
 
@@ -31,10 +31,10 @@ def metric(h, name, **labels) -> float:
 
 
 def build(harness, targets, **config):
-    """A harness whose fake engine holds exactly the targets' containers."""
+    """A harness whose fake restarter holds exactly the targets' containers."""
     clock = config.pop("clock", None) or FakeClock()
-    engine = config.pop("restarter", None) or FakeRestarter(clock, names=[t["container"] for t in targets])
-    return harness(targets=targets, clock=clock, restarter=engine, **config)
+    restarter = config.pop("restarter", None) or FakeRestarter(clock, names=[t["container"] for t in targets])
+    return harness(targets=targets, clock=clock, restarter=restarter, **config)
 
 
 def restarted(h):
@@ -155,7 +155,7 @@ def test_two_replicas_sharing_a_state_dir_hold_the_group_limit(harness, tmp_path
     """Each replica gets the alert of a different replica of one model at the same moment; the
     check-and-record under the fleet lock lets exactly one restart through. (Without the lock,
     with the incident write slowed, both restarted.)"""
-    real_write = policy_module.write_incident
+    real_write = restarting_module.write_incident
     slowed = []
 
     def slow_write(*args, **kwargs):  # widen the window between the check and the record
@@ -163,11 +163,11 @@ def test_two_replicas_sharing_a_state_dir_hold_the_group_limit(harness, tmp_path
         time.sleep(0.3)
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(policy_module, "write_incident", slow_write)
+    monkeypatch.setattr(restarting_module, "write_incident", slow_write)
     names = ["r1", "r2"]
     first = build(harness, grouped(names), state_dir=tmp_path / "shared")
-    shared_engine = first.restarter
-    second = build(harness, grouped(names), restarter=shared_engine, clock=first.clock, state_dir=tmp_path / "shared")
+    shared_restarter = first.restarter
+    second = build(harness, grouped(names), restarter=shared_restarter, clock=first.clock, state_dir=tmp_path / "shared")
     gate = threading.Event()
     first.rechecker.gate = second.rechecker.gate = gate
     assert first.post(payload(first.alert(target="r1", container="r1"))).status_code == 200
@@ -175,7 +175,7 @@ def test_two_replicas_sharing_a_state_dir_hold_the_group_limit(harness, tmp_path
     gate.set()
     first.settle()
     second.settle()
-    assert len(shared_engine.restarts) == 1
+    assert len(shared_restarter.restarts) == 1
     assert reasons(first) == [("restart", "hung"), ("skip", "group_limit")]  # one ledger, both replicas
     # The slowed write must be the one on the restart path, or the window was never widened and
     # the lock proved nothing (the incident write moved: slow the call that replaced it).

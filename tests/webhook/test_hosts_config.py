@@ -1,4 +1,4 @@
-"""docker_hosts and docker_host: every engine named once, every mistake refused at start-up naming its key."""
+"""docker_hosts and docker_host: every Docker host named once, every mistake refused at start-up naming its key."""
 import json
 import os
 import pathlib
@@ -35,7 +35,7 @@ def error(raw) -> str:
     return str(caught.value)
 
 
-def test_targets_name_declared_hosts_by_name_or_url_and_default_stays_the_local_engine(certs):
+def test_targets_name_declared_hosts_by_name_or_url_and_default_stays_the_local_socket(certs):
     parsed = config([target("a"), target("b", docker_host="gpu-2"), target("c", docker_host="tcp://127.0.0.1:2376"),
                      target("d", docker_host="unix:///run/other-docker.sock")],
                     docker_hosts={"gpu-2": {"url": "tcp://127.0.0.1:2376", "tls": certs.tls()},
@@ -66,7 +66,7 @@ def test_the_same_container_name_on_one_host_twice_is_refused_even_by_name_and_u
     assert message == "targets[1].container: 'vllm' on docker host 'gpu-2' is already used by targets[0]"
 
 
-def test_the_default_engine_is_told_apart_by_docker_host(monkeypatch):
+def test_the_default_docker_host_is_told_apart_by_docker_host(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user-docker.sock")
     message = error({"targets": [target("a", container="vllm"),
                                  target("b", container="vllm", docker_host="unix:///run/user-docker.sock")]})
@@ -82,13 +82,13 @@ def _bad_pem(tmp_path):
 BAD = {
     "unknown scheme": ({"url": "http://gpu-2:2375"}, "docker_hosts.gpu-2.url: 'http://gpu-2:2375': the scheme must be one of unix://, tcp://, ssh://"),
     "tcp without port": ({"url": "tcp://gpu-2"}, "docker_hosts.gpu-2.url: 'tcp://gpu-2' must name its port"),
-    "tcp with user": ({"url": "tcp://me@gpu-2:2376"}, "a tcp:// engine takes no user"),
+    "tcp with user": ({"url": "tcp://me@gpu-2:2376"}, "a tcp:// Docker host takes no user"),
     "ssh with password": ({"url": "ssh://me:secret@gpu-2"}, "must not carry a password"),
     "unix relative": ({"url": "unix://var/run/docker.sock"}, "must be unix:///ABSOLUTE/PATH"),
     "path": ({"url": "tcp://gpu-2:2376/v1"}, "must not carry a path"),
     "no url": ({"tls": None}, "docker_hosts.gpu-2.url: required"),
     "unknown key": ({"url": "tcp://gpu-2:2376", "tsl": {}}, "docker_hosts.gpu-2.tsl: unknown key"),
-    "tls on unix": ({"url": "unix:///run/d.sock", "tls": "CERTS"}, "docker_hosts.gpu-2.tls: only a tcp:// engine uses TLS"),
+    "tls on unix": ({"url": "unix:///run/d.sock", "tls": "CERTS"}, "docker_hosts.gpu-2.tls: only a tcp:// Docker host uses TLS"),
     "tls key missing": ({"url": "tcp://gpu-2:2376", "tls": {"ca_file": "CA", "cert_file": "CERT"}},
                         "docker_hosts.gpu-2.tls.key_file: required"),
     "tls file missing": ({"url": "tcp://gpu-2:2376", "tls": {"ca_file": "/nonexistent/ca.pem", "cert_file": "CERT",
@@ -127,7 +127,7 @@ def test_a_bad_reference_or_host_name_is_refused():
     assert error({"targets": [target("a", docker_host="gpu-9")]}) == (
         "targets[0].docker_host: 'gpu-9' is not in docker_hosts (known: none declared) and not a URL "
         "(unix://, tcp://, ssh://)")
-    assert "docker_hosts.default: 'default' is the engine of targets without docker_host" in error(
+    assert "docker_hosts.default: 'default' is the Docker host of targets without docker_host" in error(
         {"docker_hosts": {"default": {"url": "unix:///run/d.sock"}}, "targets": [target("a")]})
     assert "docker_hosts.b: tcp://h:2375 is already docker_hosts.a" in error(
         {"docker_hosts": {"a": {"url": "tcp://h:2375"}, "b": {"url": "tcp://h:2375"}}, "targets": [target("a")]}

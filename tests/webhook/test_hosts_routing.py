@@ -1,4 +1,4 @@
-"""Many Docker hosts, one webhook, with a fake engine per host: each alert acts on its own
+"""Many Docker hosts, one webhook, with a fake restarter per host: each alert acts on its own
 host's container (same container names on both), every check is judged on that host, and a
 host that is down or hangs is a 503 for its own targets only, never a delay for the others."""
 import concurrent.futures
@@ -18,9 +18,9 @@ TARGETS = [{"name": "here", "container": "vllm", "url": "http://127.0.0.1:18000"
 
 def two_hosts(harness, **config):
     clock = FakeClock()
-    engines = {"default": FakeRestarter(clock, names=["vllm"]), "gpu-2": FakeRestarter(clock, names=["vllm"])}
-    h = harness(targets=TARGETS, docker_hosts=HOSTS, clock=clock, restarter=engines, **config)
-    return h, engines["default"], engines["gpu-2"]
+    restarters = {"default": FakeRestarter(clock, names=["vllm"]), "gpu-2": FakeRestarter(clock, names=["vllm"])}
+    h = harness(targets=TARGETS, docker_hosts=HOSTS, clock=clock, restarter=restarters, **config)
+    return h, restarters["default"], restarters["gpu-2"]
 
 
 def alert(h, name, **kwargs):
@@ -37,7 +37,7 @@ def test_each_alert_restarts_the_container_on_its_own_host(harness, caplog):
     assert h.post(payload(alert(h, "there"))).get_json()["queued"] == ["there"]
     h.settle()
     assert (here.restarts, there.restarts) == ([], [("vllm", 30)])
-    assert here.gets == [] and there.gets  # the local engine was never even asked
+    assert here.gets == [] and there.gets  # the local host was never even asked
     h.post(payload(alert(h, "here")))
     h.settle()
     assert (here.restarts, there.restarts) == ([("vllm", 30)], [("vllm", 30)])

@@ -1,8 +1,8 @@
-"""A Docker engine reached over plain TCP is refused unless someone said so for it.
+"""A Docker host reached over plain TCP is refused unless someone said so for it.
 
-Before: a ``tcp://`` engine without TLS — in ``docker_hosts``, as a target's ``docker_host``,
-or the default engine from ``DOCKER_HOST=tcp://`` — was accepted with a warning (or, for
-``DOCKER_HOST``, silently), handing the engine to whoever could reach its port. Now the webhook
+Before: a ``tcp://`` Docker host without TLS — in ``docker_hosts``, as a target's ``docker_host``,
+or the default Docker host from ``DOCKER_HOST=tcp://`` — was accepted with a warning (or, for
+``DOCKER_HOST``, silently), handing the Docker host to whoever could reach its port. Now the webhook
 does not start (exit 64, naming the target's ``docker_host``) unless the target, or the declared
 host, says ``insecure_tcp: true``; TLS (``tls`` or ``DOCKER_TLS_VERIFY``) needs nothing.
 """
@@ -22,7 +22,7 @@ from hangwatch.webhook.config import load_config, parse_config
 from . import certs as certs_module
 from .real_parts import REPO
 
-NO_DOCKER_ENV = {}  # the default engine is the local socket
+NO_DOCKER_ENV = {}  # the default Docker host is the local socket
 
 
 def target(name="a", **extra) -> dict:
@@ -43,7 +43,7 @@ def certs(tmp_path_factory):
 def test_an_undeclared_plain_tcp_url_is_refused_unless_the_target_says_so():
     message = error({"targets": [target(docker_host="tcp://docker-proxy:2375")]})
     assert message.startswith("targets[0].docker_host: tcp://docker-proxy:2375 is plain TCP: whoever reaches "
-                              "that port controls the engine; declare it in docker_hosts with tls, or say "
+                              "that port controls the Docker host; declare it in docker_hosts with tls, or say "
                               "insecure_tcp: true on this target"), message
     parsed = parse_config({"targets": [target(docker_host="tcp://docker-proxy:2375", insecure_tcp=True)]},
                           NO_DOCKER_ENV)
@@ -70,11 +70,11 @@ def test_tls_needs_nothing_and_insecure_tcp_beside_it_is_a_mistake(certs):
     hosts = {"gpu-2": {"url": "tcp://gpu-2:2376", "tls": certs.tls()}}
     parse_config({"docker_hosts": hosts, "targets": [target(docker_host="gpu-2")]}, NO_DOCKER_ENV)
     message = error({"docker_hosts": {"gpu-2": {**hosts["gpu-2"], "insecure_tcp": True}}, "targets": [target()]})
-    assert message == "docker_hosts.gpu-2.insecure_tcp: only for a plain tcp:// engine without tls (tcp://gpu-2:2376 has tls)"
+    assert message == "docker_hosts.gpu-2.insecure_tcp: only for a plain tcp:// Docker host without tls (tcp://gpu-2:2376 has tls)"
     message = error({"docker_hosts": hosts, "targets": [target(docker_host="gpu-2", insecure_tcp=True)]})
     assert message == "targets[0].docker_host: insecure_tcp: true, but tcp://gpu-2:2376 is not plain tcp:// (remove it)"
     message = error({"docker_hosts": {"s": {"url": "unix:///run/d.sock", "insecure_tcp": True}}, "targets": [target()]})
-    assert message.startswith("docker_hosts.s.insecure_tcp: only for a plain tcp:// engine")
+    assert message.startswith("docker_hosts.s.insecure_tcp: only for a plain tcp:// Docker host")
     assert "targets[0].insecure_tcp: expected true or false" in error({"targets": [target(insecure_tcp="yes")]})
 
 
@@ -87,13 +87,13 @@ def test_tls_needs_nothing_and_insecure_tcp_beside_it_is_a_mistake(certs):
     ({"DOCKER_HOST": "ssh://me@gpu-3"}, False),
     ({}, False),
 ], ids=["tcp", "tls-verify-empty", "cert-path-only", "tls-verify", "unix", "ssh", "unset"])
-def test_the_default_engine_from_docker_host_gets_the_same_rule(env, refused):
+def test_the_default_docker_host_from_docker_host_gets_the_same_rule(env, refused):
     raw = {"targets": [target()]}
     if not refused:
         parse_config(raw, env)
         return
     message = error(raw, env)
-    assert message.startswith(f"targets[0].docker_host: the default engine, $DOCKER_HOST={env['DOCKER_HOST']}, is "
+    assert message.startswith(f"targets[0].docker_host: the default Docker host, $DOCKER_HOST={env['DOCKER_HOST']}, is "
                               "plain TCP ($DOCKER_TLS_VERIFY is not set)"), message
     assert "or say insecure_tcp: true on this target" in message
     parse_config({"targets": [target(insecure_tcp=True)]}, env)
@@ -120,7 +120,7 @@ def test_plain_tcp_stops_the_webhook_exit_64_naming_the_key(tmp_path):
                            "127.0.0.1:0"], cwd=REPO, capture_output=True, text=True, timeout=60,
                           env={**env, "DOCKER_HOST": "tcp://127.0.0.1:2375"})
     assert done.returncode == 64, done.stderr
-    assert "hangwatch webhook: targets[0].docker_host: the default engine, $DOCKER_HOST=tcp://127.0.0.1:2375" \
+    assert "hangwatch webhook: targets[0].docker_host: the default Docker host, $DOCKER_HOST=tcp://127.0.0.1:2375" \
         in done.stderr
 
 

@@ -1,10 +1,10 @@
-"""The webhook against a real Docker engine and real containers running a fake vLLM.
+"""The webhook against a real Docker host and real containers running a fake vLLM.
 
 The re-check is the real verdict core (``hangwatch.check.check``) reading the container's
 /metrics over loopback; the restarts are real ``docker restart``s by ``DockerRestarter``,
 counted from Docker's own event stream. Decisions exercised: restart (hung),
 already_restarted (re-sent alert), duplicate (coalesced), recheck_busy, circuit_open, two
-replica processes → one restart, 503 when the engine is unreachable, a configured name that
+replica processes → one restart, 503 when Docker is unreachable, a configured name that
 is only another container's ID prefix, the restarter through the compose file's socket-proxy
 allowlist, and SIGTERM in the middle of a restart.
 """
@@ -128,8 +128,8 @@ def test_two_webhook_replicas_sharing_state_dir_restart_once(tmp_path, docker_cl
         assert replica.process.returncode == 0, replica.log()
 
 
-def test_docker_engine_unreachable_is_503(tmp_path):
-    """Not marked real: the point is that there is no engine behind the socket."""
+def test_docker_host_unreachable_is_503(tmp_path):
+    """Not marked real: the point is that there is no Docker behind the socket."""
     client = docker.DockerClient(base_url=f"unix://{tmp_path}/no-such-docker.sock", version="1.41", timeout=2)
     config_path = tmp_path / "webhook.yml"
     config_path.write_text(json.dumps({"state_dir": str(tmp_path / "state"), "targets": [
@@ -160,7 +160,7 @@ def test_a_configured_name_that_is_only_another_containers_id_prefix_restarts_no
 
 
 class AllowlistProxy:
-    """The compose file's docker-proxy, in miniature: forwards to the real engine's socket only
+    """The compose file's docker-proxy, in miniature: forwards to the real Docker socket only
     what its -allowGET/-allowPOST expressions match (anchored, on the path), 403 otherwise."""
 
     def __init__(self, allows, socket_path="/var/run/docker.sock"):
@@ -233,7 +233,7 @@ def test_the_restarter_works_through_the_socket_proxys_allowlist(tmp_path, docke
         incident = json.loads(next((tmp_path / "state" / "incidents").glob("*.json")).read_text())
         assert any("fake backend on 127.0.0.1" in line for line in incident["logs"])
         assert proxy.refused == [] and {m for m, _ in proxy.seen} == {"GET", "POST"}
-        # ... and what it must never let through, on the same live engine:
+        # ... and what it must never let through, on the same live Docker host:
         assert proxy_allows("POST", f"/v1.41/containers/{hung.container.id}/restart")
         assert not proxy_allows("POST", "/v1.41/containers/create")
         assert not proxy_allows("POST", f"/v1.41/containers/{hung.container.id}/exec")

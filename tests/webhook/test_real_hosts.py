@@ -1,10 +1,10 @@
-"""One webhook, two real Docker engines: this machine's, and a second dockerd reached over
+"""One webhook, two real Docker hosts: this machine's, and a second dockerd reached over
 TCP with TLS client certificates (made here with openssl), as a remote GPU box would be.
 
-The webhook is the real ``hangwatch webhook`` process: its config names the second engine
+The webhook is the real ``hangwatch webhook`` process: its config names the second Docker host
 in ``docker_hosts`` with the TLS files, and it builds one Docker SDK client per host. The
-containers on the two engines have *the same name*, so restarting the right name on the
-wrong host would show; restarts are counted from each engine's own event stream, and each
+containers on the two Docker hosts have *the same name*, so restarting the right name on the
+wrong host would show; restarts are counted from each host's own event stream, and each
 incident's log tail must come from the container on its target's host. The re-checks are
 the real verdict core reading each container's fake vLLM over loopback.
 
@@ -23,7 +23,7 @@ import requests
 
 from .certs import make_certs
 from .real_parts import IMAGE, REAL_TOKEN, Backend, WebhookProcess, ledger, now_rfc3339, wait_for
-from .second_engine import SecondEngine
+from .second_docker_host import SecondDockerHost
 from .sshd import SSHServer
 
 real = pytest.mark.real
@@ -35,14 +35,14 @@ def certs(tmp_path_factory):
 
 
 @pytest.fixture
-def engine_b(certs, dockerd):
-    engine = SecondEngine(certs)
-    yield engine
-    engine.close()
+def host_b(certs, dockerd):
+    host = SecondDockerHost(certs)
+    yield host
+    host.close()
 
 
 @pytest.fixture
-def pair(docker_client, backend_image, engine_b, tmp_path):
+def pair(docker_client, backend_image, host_b, tmp_path):
     """make(mode_here, mode_there): one fake-vLLM container on each engine, both with one name."""
     made = []
 
@@ -50,7 +50,7 @@ def pair(docker_client, backend_image, engine_b, tmp_path):
         name = f"hw-test-{uuid.uuid4().hex[:8]}"
         here = Backend(docker_client, backend_image, tmp_path / "backends", name=name)
         made.append(here)
-        there = Backend(engine_b.client, IMAGE, tmp_path / "backends", name=name)
+        there = Backend(host_b.client, IMAGE, tmp_path / "backends", name=name)
         made.append(there)
         here.set_mode(mode_here)
         there.set_mode(mode_there)
@@ -61,14 +61,14 @@ def pair(docker_client, backend_image, engine_b, tmp_path):
         item.remove()
 
 
-def start_webhook(tmp_path, certs, engine_b, here, there) -> WebhookProcess:
+def start_webhook(tmp_path, certs, host_b, here, there) -> WebhookProcess:
     token = tmp_path / "token"
     token.write_text(REAL_TOKEN + "\n")
     token.chmod(0o600)
     config = {
         "token_file": str(token), "state_dir": str(tmp_path / "state"),
         "recheck": {"interval": "300ms", "timeout": "1s"},
-        "docker_hosts": {"gpu-2": {"url": engine_b.url, "tls": certs.tls()}},
+        "docker_hosts": {"gpu-2": {"url": host_b.url, "tls": certs.tls()}},
         "targets": [
             {"name": "here", "container": here.name, "url": here.url, "stop_timeout": "5s"},
             {"name": "there", "container": there.name, "url": there.url, "stop_timeout": "5s", "docker_host": "gpu-2"},
@@ -76,7 +76,7 @@ def start_webhook(tmp_path, certs, engine_b, here, there) -> WebhookProcess:
     }
     path = tmp_path / "webhook.yml"
     path.write_text(json.dumps(config))
-    # Many machines point requests at the system's CA bundle; the engine's CA is the config's
+    # Many machines point requests at the system's CA bundle; the Docker host's CA is the config's
     # ca_file all the same (before: every call to the TLS host failed certificate verification).
     bundle = str(certs.other_ca)
     return WebhookProcess(path, tmp_path / "webhook.log", env={"REQUESTS_CA_BUNDLE": bundle, "CURL_CA_BUNDLE": bundle})
@@ -110,11 +110,11 @@ def incidents(tmp_path) -> dict[str, dict]:
 
 
 @real
-def test_a_hang_alert_restarts_exactly_the_right_container_on_the_right_host(tmp_path, certs, engine_b, pair):
+def test_a_hang_alert_restarts_exactly_the_right_container_on_the_right_host(tmp_path, certs, host_b, pair):
     here, there = pair("hung", "hung")
     assert here.name == there.name and here.port != there.port
     here_started, there_started = here.started_at(), there.started_at()
-    webhook = start_webhook(tmp_path, certs, engine_b, here, there)
+    webhook = start_webhook(tmp_path, certs, host_b, here, there)
     try:
         answer = send(webhook, "there", there.name)
         assert answer.status_code == 200 and answer.json()["queued"] == ["there"]
@@ -140,9 +140,9 @@ def test_a_hang_alert_restarts_exactly_the_right_container_on_the_right_host(tmp
 
 
 @real
-def test_a_busy_backend_on_the_tls_host_is_left_alone_while_the_hung_one_is_restarted(tmp_path, certs, engine_b, pair):
+def test_a_busy_backend_on_the_tls_host_is_left_alone_while_the_hung_one_is_restarted(tmp_path, certs, host_b, pair):
     here, there = pair("hung", "busy")
-    webhook = start_webhook(tmp_path, certs, engine_b, here, there)
+    webhook = start_webhook(tmp_path, certs, host_b, here, there)
     try:
         assert send(webhook, "there", there.name).status_code == 200
         assert send(webhook, "here", here.name).status_code == 200
@@ -154,14 +154,14 @@ def test_a_busy_backend_on_the_tls_host_is_left_alone_while_the_hung_one_is_rest
 
 
 @real
-def test_an_unreachable_host_is_503_for_its_own_target_only(tmp_path, certs, engine_b, pair):
+def test_an_unreachable_host_is_503_for_its_own_target_only(tmp_path, certs, host_b, pair):
     """Frozen (SIGSTOP: connections accepted, nothing answers) and then stopped (connection
     refused): each time the TLS host's target gets 503 within a second, repeatedly, and the
     local target is answered and restarted as if nothing were wrong."""
     here, there = pair("hung", "hung")
-    webhook = start_webhook(tmp_path, certs, engine_b, here, there)
+    webhook = start_webhook(tmp_path, certs, host_b, here, there)
     try:
-        engine_b.freeze()
+        host_b.freeze()
         try:
             for _ in range(4):  # more than the host's lookup threads: its calls pile up, only there
                 started = time.monotonic()
@@ -176,9 +176,9 @@ def test_an_unreachable_host_is_503_for_its_own_target_only(tmp_path, certs, eng
             wait_for(lambda: ("here", "default", "hung", "ok") in decisions(tmp_path), 60, "the local restart")
             assert here.restarts() == 1
         finally:
-            engine_b.thaw()
+            host_b.thaw()
         assert there.restarts() == 0
-        engine_b.stop()
+        host_b.stop()
         started = time.monotonic()
         answer = send(webhook, "there", there.name)
         assert answer.status_code == 503 and time.monotonic() - started < 2.5
@@ -204,7 +204,7 @@ def ssh_server():
 @real
 def test_a_target_behind_ssh_is_restarted_through_the_sdks_ssh_transport(tmp_path, backend, ssh_server):
     """A real sshd on 127.0.0.1 whose key may only run `docker system dial-stdio` (to this
-    machine's engine). With a known_hosts that holds another key for the server, the webhook
+    machine's Docker host). With a known_hosts that holds another key for the server, the webhook
     refuses the host (503, nothing restarted); with the right one, the hung container is
     restarted through SSH."""
     hung = backend("hung")
@@ -233,7 +233,7 @@ def test_a_target_behind_ssh_is_restarted_through_the_sdks_ssh_transport(tmp_pat
     webhook = WebhookProcess(path, tmp_path / "webhook.log", env={"HOME": str(ssh_server.home), "SSH_AUTH_SOCK": ""})
     try:
         # As Alertmanager does: a 503 is retried. The first look-up opens the SSH connection,
-        # which on a loaded machine can outlast the request's 0.8 s engine deadline (measured in
+        # which on a loaded machine can outlast the request's 0.8 s Docker deadline (measured in
         # CI: "no answer within 0.8s"); it finishes in the host's thread and the retry finds it.
         for attempt in range(5):
             answer = send(webhook, "far", hung.name)

@@ -18,7 +18,8 @@ import sys
 
 import pytest
 
-from hangwatch.webhook.ledger import Ledger, LedgerError, StateDirError, fleet_lock, target_lock, write_incident
+from hangwatch.webhook.ledger import Ledger, LedgerError
+from hangwatch.webhook.statedir import StateDirError, fleet_lock, target_lock, write_incident
 
 from .real_parts import REPO
 

@@ -1,4 +1,4 @@
-"""A second, real Docker engine on this machine, reached the way a remote one is: over TCP
+"""A second, real Docker host on this machine, reached the way a remote one is: over TCP
 with TLS client certificates (``dockerd --tlsverify``), certificates made with openssl.
 
 It has its own ``--data-root``, ``--exec-root`` and ``--pidfile`` (a short directory under
@@ -29,12 +29,12 @@ START_DEADLINE = 60.0
 _LISTEN = re.compile(r'API listen on 127\.0\.0\.1:(\d+)')
 
 
-class SecondEngine:
+class SecondDockerHost:
     def __init__(self, certs: Certs):
         require_binary("dockerd")
         require(os.geteuid() == 0, "root, to run a second dockerd")
         self.certs = certs
-        self.root = tempfile.mkdtemp(prefix="hw-engine-", dir="/tmp")
+        self.root = tempfile.mkdtemp(prefix="hw-dockerd-", dir="/tmp")
         self.log_path = os.path.join(self.root, "dockerd.log")
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
