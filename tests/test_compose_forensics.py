@@ -77,4 +77,12 @@ def test_sigterm_waits_for_a_restart_under_way_with_its_capture():
     webhook = resolved(GPU, FORENSICS)["services"]["webhook"]
     config = load_webhook_config(str(DEPLOY / "forensics" / "webhook.yml"))
     grace = webhook["stop_grace_period"]
-    assert grace.endswith("s") and float(grace[:-1]) > restart_bound(config) + config.forensics_timeout
+    assert grace.endswith("s") and float(grace[:-1]) > restart_bound(config)
+
+
+def test_the_restart_bound_counts_the_capture_only_where_one_is_asked():
+    """SIGTERM's wait for a restart under way includes the capture before it, and only where a
+    target asks for one (the two configs differ in ``forensics_url`` alone, as tested above)."""
+    with_capture = load_webhook_config(str(DEPLOY / "forensics" / "webhook.yml"))
+    without = load_webhook_config(str(DEPLOY / "webhook.yml"))
+    assert restart_bound(with_capture) == restart_bound(without) + with_capture.forensics_timeout

@@ -42,9 +42,11 @@ DOCKER_DEADLINE = 0.8  # seconds the request may wait for Docker (Alertmanager w
 
 
 def restart_bound(config: Config) -> float:
-    """How long a restart under way may still take (the log tail, the records, ``docker restart``
-    with the longest stop timeout): SIGTERM waits this long, and no longer, for it."""
-    return max(t.stop_timeout for t in config.targets) + 3 * DOCKER_TIMEOUT + 5
+    """How long a restart under way may still take (the capture before it where a target has a
+    ``forensics_url``, the log tail, the records, ``docker restart`` with the longest stop timeout):
+    SIGTERM waits this long, and no longer, for it."""
+    capture = config.forensics_timeout if any(t.forensics_url for t in config.targets) else 0
+    return capture + max(t.stop_timeout for t in config.targets) + 3 * DOCKER_TIMEOUT + 5
 
 
 @dataclass
