@@ -51,7 +51,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hangwatch import __version__, logs
 from hangwatch.fetch import Client, Deadline
-from hangwatch.modules import MODULES as OBSERVERS
+from hangwatch.modules import MODULES
 from hangwatch.observe import metrics_observation, observe_load, probe_due, read_metrics
 from hangwatch.probe import send_probe
 from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
@@ -157,7 +157,7 @@ class Prober:
         collector = self.collector(asked, timeout_header, waited)
         started = time.monotonic()
         deadline = Deadline.after(collector.budget)
-        observation = OBSERVERS[module].observe(self.client, target, deadline, collector.options)
+        observation = MODULES[module].observe(self.client, target, deadline, collector.options)
         body = render_series(collector.series(observation, started, deadline))
         _log_probe(target, module, collector.last_observation, time.monotonic() - started)
         return 200, CONTENT_TYPE_LATEST, body
@@ -261,7 +261,7 @@ def _log_probe(target: str, module: str, observation, seconds: float) -> None:
 
 def module_label(query: str) -> str:
     module = (parse_qs(query).get("module") or ["backend"])[0] or "backend"
-    return module if module in OBSERVERS else "invalid"
+    return module if module in MODULES else "invalid"
 
 
 def own_metrics(request: Request) -> Response:

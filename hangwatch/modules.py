@@ -46,7 +46,6 @@ MODULES: dict[str, Module] = {module.name: module for module in (
     Module("fastchat_api", fastchat.observe_api, reads_load=False, restartable=False,
            summary="a FastChat OpenAI API server: a chat request naming no registered model"),
 )}
-NAMES = tuple(MODULES)
 
 
 def module(name: str) -> Module:

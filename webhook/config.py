@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from hangwatch.modules import MODULES as MODULE_TABLE
+from hangwatch.modules import MODULES
 from hangwatch.observation import PROBE_AUTO, PROBE_KINDS
 from hangwatch.settings import (
     ConfigError,
@@ -32,9 +32,6 @@ from .private import require_private
 
 TOKEN_ENV = "HANGWATCH_WEBHOOK_TOKEN"
 MIN_TOKEN_CHARS = 32  # secrets.token_urlsafe(32) gives 43; a short token can be guessed
-# module -> may it ever be restarted?  A proxy or a FastChat front serves many backends:
-# restart those instead. The table is hangwatch/modules.py's, so a new module is known here too.
-MODULES = {name: row.restartable for name, row in MODULE_TABLE.items()}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # also used in lock file names
 _CONTAINER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # Docker's own name rule
 _SHARE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -241,7 +238,7 @@ def _target(raw, path: str, hosts: dict[str, DockerHost], env) -> Target:
     module = data.get("module", "backend")
     if module not in MODULES:
         raise ConfigError(f"{path}.module: {show(module)} is not one of {', '.join(sorted(MODULES))}")
-    if not MODULES[module]:
+    if not MODULES[module].restartable:  # a proxy or a FastChat front: restart its backends instead
         raise ConfigError(f"{path}.module: a {module} is never restarted (it fronts many backends); "
                           "list its backends as targets instead")
     stop_timeout = optional_duration(data, "stop_timeout", path, Target.stop_timeout, 0, 600)
