@@ -113,11 +113,18 @@ def metrics_observation(taken_at: float, fetched: Fetched, options: Options) -> 
     return Observation(taken_at, ANSWERED, reading=reading, scrape_seconds=fetched.elapsed)
 
 
+def version_due(engine: str, deadline: Deadline) -> bool:
+    """Whether ``engine_version`` would send a request: the engine has a version endpoint and
+    time is left (the exporter's loop asks this to know whether a worker must finish the probe)."""
+    spec = ENGINES_BY_NAME.get(engine)
+    return spec is not None and spec.version_path is not None and deadline.left() >= 0.05
+
+
 def engine_version(client: Client, url: str, engine: str, deadline: Deadline, options: Options) -> str | None:
     """The engine's version from its cheap version endpoint (vLLM /version never touches the engine)."""
-    spec = ENGINES_BY_NAME.get(engine)
-    if spec is None or spec.version_path is None or deadline.left() < 0.05:
+    if not version_due(engine, deadline):
         return None
+    spec = ENGINES_BY_NAME[engine]
     fetched = client.request("GET", url + spec.version_path, deadline=deadline, max_bytes=4096,
                              headers=options.auth_headers())
     if fetched.status != OK:
@@ -130,10 +137,12 @@ def engine_version(client: Client, url: str, engine: str, deadline: Deadline, op
 
 
 def observe_backend(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-                    clock: Callable[[], float] = time.monotonic) -> Observation:
-    """An engine: its /metrics, and the idle probe when due. (Its version, for the exporter's
-    info series, is ``engine_version``'s: the exporter asks it once per process, not per reading.)"""
-    return observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock)
+                    clock: Callable[[], float] = time.monotonic, first: Observation | None = None) -> Observation:
+    """An engine: its /metrics, and the idle probe when due. ``first``: its /metrics reading when
+    the caller has taken it already (the exporter's loop). Its version is ``engine_version``'s:
+    the exporter asks it once per process, not per reading."""
+    return observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock,
+                        first=first)
 
 
 def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,

@@ -17,9 +17,6 @@ requests count as in flight here: a transfer that never completes is a stall too
 """
 from __future__ import annotations
 
-import hashlib
-import math
-import struct
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -78,44 +75,6 @@ def progress(before: Reading, after: Reading) -> list[str]:
         if (new != old) if name in GAUGE_FIELDS else (new > old):
             moved.append(name)
     return moved
-
-
-def progress_fingerprint(reading: Reading) -> int | None:
-    """One number that changes whenever any of the reading's progress signals changes (None: the
-    engine has none, or the page gave none of them).
-
-    The exporter exposes it (``hangwatch_engine_progress_fingerprint``) so that the rules ask
-    "did anything move across these readings" with one ``changes()`` over one series per
-    target, instead of reading every signal over every range: the costliest part of rule
-    evaluation at fleet scale. Between readings of one process it changes exactly when
-    ``progress`` finds a signal that moved, but for a signal appearing or vanishing (which moves
-    the fingerprint and not ``progress``: the rules then see work where this module sees none,
-    never the reverse) and for a 2**-53 chance that a change keeps the same fingerprint. It is
-    the first 53 bits of BLAKE2b over the signals as little-endian doubles (an absent one as
-    NaN), in the engine's ``progress`` order: the same values give the same number in every
-    exporter process and version, and it is an integer a float64 holds exactly.
-    """
-    fields = progress_fields(reading.engine)
-    values = [getattr(reading, name) for name in fields]
-    if all(value is None for value in values):
-        return None
-    packed = struct.pack(f"<{len(values)}d", *(math.nan if value is None else value + 0.0 for value in values))
-    return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little") >> 11
-
-
-def counters_sum(reading: Reading) -> float | None:
-    """The sum of the reading's counters (None: it has none): it goes back when a new process
-    started them again from zero.
-
-    The exporter exposes it (``hangwatch_engine_counters_total``) so that the rules see "counters
-    went backwards" with one ``resets()`` per target instead of one per counter. ``same_process``
-    asks whether *any* counter went back; the sum misses a new process only when that process
-    did more work by its first reading than the old one in its whole life. The rules then see
-    engine work across the two readings (the progress fingerprint moved: counters differ), so
-    they say busy where this module says restarted, and never hung on that basis.
-    """
-    counters = reading.counters()
-    return sum(counters.values()) if counters else None
 
 
 def judge(observations: Sequence[Observation], *, grace: float = 0.0,
