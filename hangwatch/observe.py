@@ -1,14 +1,9 @@
-"""Take one observation of a target: read its load, and — only at idle — probe it.
+"""Take one observation of a target: read its load, and, only at idle, probe it.
 
-Every caller (``hangwatch check``, the exporter's scrape, the webhook's re-check, the
-liveness endpoint) observes a target through a module (``modules``) whose observer is built
-from the pieces here, so two rules live in exactly one place each:
-
-- ``observe_load``: never probe while anything is in flight (nor an engine that is asleep,
-  nor a target set to ``probe: none``);
-- ``not_answered``: how a request that got no usable HTTP answer becomes an observation
-  (refused/unreachable: down; accepted but silent: stalled; too large: blind).
-
+Every caller observes a target through a module whose observer is built from these pieces, so
+each rule lives in one place: ``observe_load`` (never probe while anything is in flight, nor
+an engine asleep, nor a target set to ``probe: none``), ``not_answered`` (no usable HTTP
+answer: down, stalled or blind) and ``version_due`` (when the engine's version is asked).
 Every request of one observation shares one ``Deadline``.
 """
 from __future__ import annotations
@@ -48,11 +43,8 @@ def not_answered(taken_at: float, fetched: Fetched, what: str, *, named: bool = 
 
 
 # Before an idle probe, the load is read again this long after the reading that found nothing
-# in flight. An engine's gauges count only what reached its scheduler: a request being received
-# or tokenized by the API server, or a client's next request after one finished, is not in them
-# yet (measured in the short soak: a reading with nothing in flight, and 15 ms later the probe
-# met a request in vLLM while the load had 8 open). Under a flowing load the second reading
-# shows work in flight or counters moved, and no probe goes out.
+# in flight: an engine's gauges count only what reached its scheduler, not a request the API
+# server is still receiving (docs/design.md, "a health check must not consume what it protects").
 IDLE_CONFIRM_S = 0.25
 
 

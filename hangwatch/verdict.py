@@ -1,19 +1,11 @@
 """From observations over time to one verdict: idle, busy, hung, stalled, restarted, blind or down.
 
-This is the developers' truth table as a pure function; ``hangwatch check``, the webhook's
-re-check and the truth-table tests all call it, and the Prometheus rules are tested
-against the same scenarios. Only ``hung`` ever leads to a restart, so it is the hardest
-verdict to reach: requests in flight and no engine work across two consecutive intervals
-(and at least ``grace`` seconds), or a server that accepts connections and does not answer
-twice in a row, or an idle engine that fails its 1-token probe twice in a row. A probe the
-server *rejected* (4xx: no API key, a model that cannot do completions) proves nothing about
-the engine and never counts; in-flight requests that only wait on something outside the
-engine (vLLM's deferred queue: a KV transfer, a LoRA budget) are no stall either.
-
-``stalled`` is judged only when a stall window is given: requests in flight in every reading
-across that window and no output at all (``Reading.output``: no token out, no request
-answered) while something else may move — a prefill, a cache query, a KV block. Deferred
-requests count as in flight here: a transfer that never completes is a stall too.
+The developers' truth table as a pure function, called by ``hangwatch check``, the webhook's
+re-check and the truth-table tests (the Prometheus rules are tested against the same
+scenarios). Only ``hung`` leads to a restart, so it is the hardest to reach: in flight and no
+engine work across two intervals (and ``grace``), no answer twice in a row, or an idle probe
+failed twice in a row; a rejected probe (4xx) and deferred requests never count.
+``stalled`` (only with a stall window): in flight across the window and no output at all.
 """
 from __future__ import annotations
 
