@@ -1,9 +1,10 @@
-"""A custom collector that reads one backend when Prometheus scrapes, and keeps nothing.
+"""What ``/probe`` exposes for one observation of one target, and its text, with nothing kept.
 
-Each ``/probe`` request builds a fresh registry holding one ``BackendCollector``; its
-``collect()`` observes the backend (and, only at idle, probes it) and turns the observation
-into normalized series. Rates and "no progress for N seconds" are PromQL's job, which is
-what keeps two Prometheus replicas scraping one exporter correct. A failed backend is data
+The prober (``prober.Prober``) observes the target through its module, then asks
+``BackendCollector.series`` for the normalized series (``series_for``, the one definition)
+and writes them with ``render_series``: plain tuples straight to the text format, no
+prometheus_client objects per probe. Rates and "no progress for N seconds" are PromQL's job,
+which keeps two Prometheus replicas scraping one exporter correct; a failed backend is data
 (``hangwatch_up 0``), never an HTTP error.
 
 Sample output for a busy vLLM::
@@ -39,17 +40,14 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from prometheus_client import generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from hangwatch.engines import ENGINES_BY_NAME
+from hangwatch.exposition import counters_sum, progress_fingerprint
 from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import module as module_named
 from hangwatch.observation import TIMEOUT, Observation, Options
-from hangwatch.observe import engine_version
+from hangwatch.observe import engine_version, version_due
 from hangwatch.reading import bounded_models
-from hangwatch.verdict import counters_sum, progress_fingerprint
 
 _COUNTERS = (
     ("steps", "hangwatch_engine_steps", "Engine iterations (the engine's heartbeat)."),
@@ -60,8 +58,7 @@ _COUNTERS = (
 
 
 class Series(NamedTuple):
-    """One family as plain data: what ``families_for`` wraps for prometheus_client and what
-    ``render_series`` writes directly (no library objects built per probe)."""
+    """One family as plain data, which ``render_series`` writes directly."""
 
     name: str
     doc: str
@@ -76,24 +73,6 @@ def _gauge(name: str, doc: str, value: float) -> Series:
 
 def _counter(name: str, doc: str, value: float) -> Series:
     return Series(name, doc, "counter", (), (((), value),))
-
-
-def families_for(observation: Observation, module: str, duration: float, stall_window: float | None = None):
-    """The normalized series for one observation as prometheus_client families (a pure
-    function, tested directly; the rules' tests build their input series from it)."""
-    return as_families(series_for(observation, module, duration, stall_window=stall_window))
-
-
-def as_families(all_series):
-    for series in all_series:
-        kind = GaugeMetricFamily if series.kind == "gauge" else CounterMetricFamily
-        if not series.labels:
-            yield kind(series.name, series.doc, value=series.samples[0][1])
-            continue
-        family = kind(series.name, series.doc, labels=list(series.labels))
-        for values, value in series.samples:
-            family.add_metric(list(values), value)
-        yield family
 
 
 def series_for(observation: Observation, module: str, duration: float, version: str | None = None,
@@ -204,12 +183,11 @@ def _model_series(observation: Observation):
 
 
 class BackendCollector:
-    """Reads one target on every ``collect()``; no reading is kept between scrapes.
+    """One probe's series for one target: its observation plus the engine's version.
 
-    Everything the scrape sends — /metrics, the idle probe, /version — finishes before one
-    deadline: the scrape budget from the moment ``collect()`` starts. ``versions`` (optional,
-    ``exporter.reuse.VersionCache``) remembers an engine's version per process start time, so
-    a busy backend is asked one request per scrape, not two.
+    The version is asked within the probe's one deadline, and only when ``versions`` (optional,
+    ``exporter.reuse.VersionCache``) does not know it for this process: a busy backend is asked
+    one request per scrape, not two. No reading is kept between scrapes.
     """
 
     def __init__(self, target: str, module: str, budget: float, options: Options = Options(),
@@ -218,16 +196,6 @@ class BackendCollector:
         self.client = client or Client(max_idle=0)
         self.versions = versions
         self.last_observation: Observation | None = None
-
-    def collect(self):
-        started = time.monotonic()
-        deadline = Deadline.after(self.budget)
-        observation = module_named(self.module).observe(self.client, self.target, deadline, self.options)
-        yield from self.families(observation, started, deadline)
-
-    def families(self, observation: Observation, started: float, deadline: Deadline):
-        """``series`` as prometheus_client families."""
-        return as_families(self.series(observation, started, deadline))
 
     def known_version(self, observation: Observation) -> str | None:
         """The engine's version if ``versions`` knows it for this reading's process."""
@@ -255,18 +223,7 @@ class BackendCollector:
         """True when ``series`` would send a request: ``known`` (what ``known_version`` said for
         this observation) is None and the engine has a version endpoint, with time left to ask."""
         reading = observation.reading
-        if reading is None or known:
-            return False
-        spec = ENGINES_BY_NAME.get(reading.engine)
-        return spec is not None and spec.version_path is not None and deadline.left() >= 0.05
-
-
-class _Fixed:
-    def __init__(self, families):
-        self.families = families
-
-    def collect(self):
-        return self.families
+        return reading is not None and not known and version_due(reading.engine, deadline)
 
 
 def _label_value(value: str) -> str:
@@ -295,8 +252,8 @@ def _header(name: str, kind: str, doc: str) -> tuple[str, str]:
 
 
 def render_series(all_series) -> bytes:
-    """The text exposition format of ``Series``: byte for byte ``render(as_families(...))``
-    (tests/test_exporter_render.py), without building prometheus_client objects per probe."""
+    """The text exposition format of ``Series``: byte for byte what prometheus_client's
+    ``generate_latest`` writes for the same families (tests/test_exporter_render.py)."""
     out = []
     append = out.append
     for name, doc, kind, labels, samples in all_series:
@@ -310,26 +267,3 @@ def render_series(all_series) -> bytes:
                 append(f"{exposed} {_go_float(value)}\n")
     return "".join(out).encode("utf-8")
 
-
-def render(families) -> bytes:
-    """The text exposition format of ``families``: byte for byte what prometheus_client's
-    ``generate_latest`` writes for them (tests/test_exporter_render.py), without building a
-    registry per scrape. A family this fast path does not cover goes through ``generate_latest``."""
-    families = list(families)
-    out = []
-    for family in families:
-        name, kind = family.name, family.type
-        exposed = name + "_total" if kind == "counter" else name
-        if kind not in ("gauge", "counter"):
-            return generate_latest(_Fixed(families))
-        doc = family.documentation.replace("\\", "\\\\").replace("\n", "\\n")
-        out.append(f"# HELP {exposed} {doc}\n# TYPE {exposed} {kind}\n")
-        for sample in family.samples:
-            if sample.name != exposed or sample.timestamp is not None or sample.exemplar is not None:
-                return generate_latest(_Fixed(families))
-            if sample.labels:
-                labels = ",".join(f'{key}="{_label_value(value)}"' for key, value in sorted(sample.labels.items()))
-                out.append(f"{exposed}{{{labels}}} {floatToGoString(sample.value)}\n")
-            else:
-                out.append(f"{exposed} {floatToGoString(sample.value)}\n")
-    return "".join(out).encode("utf-8")

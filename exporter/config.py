@@ -1,7 +1,7 @@
 """The exporter's YAML config, validated into a frozen dataclass before any port is bound.
 
-The keys are documented in docs/configuration.md; the shared validation (durations, URLs,
-unknown keys, errors naming the key's path) is ``hangwatch.settings``.
+The keys are documented in docs/configuration.md; the shared validation is the core's
+(``hangwatch.settings``, and ``hangwatch.target_options`` for each of ``targets``).
 """
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangwatch import liveness
-from hangwatch.modules import MODULES
-from hangwatch.observation import PROBE_AUTO, PROBE_KINDS, PROBE_NONE, Options
+from hangwatch.observation import PROBE_AUTO, PROBE_NONE, Options
 from hangwatch.settings import (
     ConfigError,
     boolean,
@@ -23,24 +22,14 @@ from hangwatch.settings import (
     show,
     string,
 )
+from hangwatch.target_options import KEYS as TARGET_KEYS
+from hangwatch.target_options import TargetOptions, target_options
 
-__all__ = ["ConfigError", "ExporterConfig", "TargetSettings", "exporter_config", "load_exporter_config"]
+__all__ = ["ConfigError", "ExporterConfig", "exporter_config", "load_exporter_config"]
 
 KEYS = {"timeout", "timeout_offset", "allow_targets", "allow_any_target", "max_concurrent_probes",
         "max_connections", "read_timeout", "api_key_file", "targets",
         "liveness_interval", "liveness_timeout", "liveness_budget", "forensics", "startup_deadline"}
-
-
-@dataclass(frozen=True)
-class TargetSettings:
-    """How to read one backend URL: its own API key (from a file), what the idle probe asks, and
-    the one module it is read with (a query naming another is refused)."""
-
-    url: str
-    api_key: str | None = field(default=None, repr=False)  # never printed
-    probe: str | None = None  # None: the default (auto)
-    module: str = "backend"
-    stall_window: float | None = None  # None: the engine's default (hangwatch/engines.py)
 
 
 @dataclass(frozen=True)
@@ -64,7 +53,7 @@ class ExporterConfig:
     max_connections: int = 1024     # client connections open at once
     read_timeout: float = 5.0       # a request head must arrive within this
     api_key: str | None = field(default=None, repr=False)  # api_key_file: the default, for allow_targets only
-    targets: tuple[TargetSettings, ...] = ()
+    targets: tuple[TargetOptions, ...] = ()
     # The bounded check behind /livez and /readyz (hangwatch.liveness).
     liveness_interval: float = liveness.INTERVAL
     liveness_timeout: float = liveness.TIMEOUT
@@ -96,7 +85,7 @@ class ExporterConfig:
             api_key = settings.api_key
         else:
             api_key = self.api_key if target in self._allowed else None
-        configured = settings.probe if settings and settings.probe else PROBE_AUTO
+        configured = settings.probe if settings else PROBE_AUTO
         return Options(api_key=api_key, probe=narrowed_probe(configured, probe),
                        stall_window=settings.stall_window if settings else None)
 
@@ -112,35 +101,16 @@ def narrowed_probe(configured: str, asked: str | None) -> str:
     return configured
 
 
+def _target(raw: Any, path: str) -> TargetOptions:
+    return target_options(mapping(raw, path, TARGET_KEYS, required={"url"}), path, url_with_path=True)
+
+
 def _count(data, key: str, default: int, low: int, high: int) -> int:
     if key not in data:
         return default
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(f"{key}: expected a whole number from {low} to {high}, got {show(value)}")
-    return value
-
-
-def probe_kind(value: Any, path: str) -> str:
-    if value not in PROBE_KINDS:
-        raise ConfigError(f"{path}: {show(value)} is not one of {', '.join(PROBE_KINDS)}")
-    return value
-
-
-def _target_settings(raw: Any, path: str) -> TargetSettings:
-    data = mapping(raw, path, {"url", "api_key_file", "probe", "module", "stall_window"}, required={"url"})
-    return TargetSettings(
-        url=http_url(data["url"], f"{path}.url", allow_path=True),
-        api_key=secret_file(data["api_key_file"], f"{path}.api_key_file") if "api_key_file" in data else None,
-        probe=probe_kind(data["probe"], f"{path}.probe") if "probe" in data else None,
-        module=module_name(data["module"], f"{path}.module") if "module" in data else "backend",
-        stall_window=duration(data["stall_window"], f"{path}.stall_window", low=1.0, high=7 * 86400.0)
-        if "stall_window" in data else None)
-
-
-def module_name(value: Any, path: str) -> str:
-    if value not in MODULES:
-        raise ConfigError(f"{path}: {show(value)} is not one of {', '.join(MODULES)}")
     return value
 
 
@@ -175,7 +145,7 @@ def exporter_config(data: Any) -> ExporterConfig:
     settings = data.get("targets", [])
     if not isinstance(settings, list):
         raise ConfigError("targets: expected a list of {url, api_key_file, probe, module, stall_window}")
-    settings = tuple(_target_settings(t, f"targets[{i}]") for i, t in enumerate(settings))
+    settings = tuple(_target(t, f"targets[{i}]") for i, t in enumerate(settings))
     seen: dict[str, int] = {}
     for i, target in enumerate(settings):
         if target.url in seen:

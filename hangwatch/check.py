@@ -16,12 +16,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .fetch import Client, Deadline
-from .modules import NAMES
 from .modules import module as module_named
 from .observation import PROBE_AUTO, Observation, Options
 from .verdict import Verdict, judge, min_grace
-
-MODULES = NAMES
 
 
 @dataclass(frozen=True)

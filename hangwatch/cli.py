@@ -11,7 +11,8 @@ import platform
 import sys
 
 from . import __version__, logs
-from .check import MODULES, check
+from .check import check
+from .modules import MODULES
 from .observation import PROBE_AUTO, PROBE_KINDS
 from .settings import EXIT_CONFIG, ConfigError, duration, secret_file
 

@@ -1,34 +1,11 @@
 """The one table that maps each engine's metric names to hangwatch's normalized reading.
 
 Every engine names the same few facts differently, and each lies in its own way about
-progress. Keeping the mapping in one place means adding an engine is a table row, and the
-parser, the verdict and the docs all read the same truth.
-
-Field meanings (all summed over every label set, e.g. vLLM's ``engine`` and ``model_name``):
-
-- ``running`` / ``waiting``: requests being processed / queued. Their sum is "in flight".
-- ``deferred``: the waiting requests the engine cannot schedule by itself (vLLM: waiting on a
-  KV transfer or a LoRA budget); they are in flight, but their standing still is no stall.
-- ``steps``: a counter that moves once per engine iteration (the engine's heartbeat).
-- ``prompt_tokens`` / ``generation_tokens``: token counters. Beware: in vLLM 0.32 they do
-  not move during a long chunked prefill; in llama.cpp ``tokens_predicted`` moves only when
-  a request finishes.
-- ``prefix_cache_queries``: moves when a prefill is scheduled (vLLM: jumps by the prompt
-  length at the start of a prefill).
-- ``finished``: requests completed by the engine (vLLM: aborted and failed ones included).
-- ``served``: requests that finished with an answer: not aborted, not failed (vLLM's
-  ``request_success_total`` without ``finished_reason="abort"|"error"``). Clients that give up
-  on a stalled server abort, and an abort must not read as output.
-- ``decodes``: successful decode calls (TGI); each gives every running request one token.
-- ``preemptions``: requests preempted (their KV evicted) to make room: thrash when KV is full.
-- ``kv_cache_usage``: a 0..1 gauge; climbs chunk by chunk during a long prefill.
-- ``process_start``: seconds since the epoch; absent in vLLM's multiprocess mode.
-
-Counter names are listed without ``_total``: the parser accepts both spellings.
-
-``output`` names the fields whose increase proves a request is being *served* (a token out,
-a request answered), as opposed to engine work (``progress``: a prefill, a cache query, a KV
-block). In flight for ``stall_window`` seconds with no output at all is ``stalled``.
+progress, so adding an engine is a row here that the parser, the verdict and the docs all
+read. Counter names are listed without ``_total`` (the parser accepts both spellings);
+``progress`` names the fields whose movement proves engine work (a prefill, a cache query, a
+KV block), ``output`` those whose increase proves a request is being served (a token out, a
+request answered): in flight for ``stall_window`` seconds with no output is ``stalled``.
 """
 from __future__ import annotations
 

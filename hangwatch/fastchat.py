@@ -1,22 +1,12 @@
-"""Observe a FastChat deployment — model workers, controller, OpenAI API server — without side effects.
+"""Observe a FastChat deployment (model workers, controller, OpenAI API server) without side effects.
 
-No FastChat server has /metrics, and several of its cheap-looking endpoints change what
-the deployment does (measured on fschat 0.2.36, see docs/fleets.md): the controller's
-``/get_worker_address`` adds 1 to a worker's queue, the API server's ``/v1/models`` makes the
-controller re-register every worker (and drop a hung one), and the controller's
-``/worker_get_status`` asks each worker in turn inside its request loop. So each module
-here reads exactly one or two endpoints that were shown to change nothing:
-
-- ``fastchat_worker``: ``POST /worker_get_status`` → ``{"model_names", "speed",
-  "queue_length"}``; ``queue_length`` (running + waiting) is the in-flight count. Only when
-  it is 0 is the worker asked for one token, straight (``POST /worker_generate``,
-  ``max_new_tokens`` 1). FastChat has no progress counter, so a worker with work queued is
-  "busy, unverified" (see ``verdict``): never hung on that basis.
-- ``fastchat_controller``: ``GET /test_connection`` and ``POST /list_models`` (names only).
-- ``fastchat_api``: ``POST /v1/chat/completions`` naming a model that cannot be registered
-  (FastChat splits ``--model-names`` on commas, so a name with a comma never is): the API
-  server asks its controller's ``/list_models`` and answers 400 with the registered models,
-  before it looks for any worker.
+No FastChat server has /metrics, and several cheap-looking endpoints change what the
+deployment does (docs/fleets.md): so each module reads only endpoints shown to change nothing.
+``fastchat_worker``: ``/worker_get_status`` (its ``queue_length`` is in flight), and at 0 one
+token from ``/worker_generate``; with no progress counter, a worker with work queued is busy,
+unverified, never hung. ``fastchat_controller``: ``/test_connection`` and ``/list_models``.
+``fastchat_api``: a chat request naming a model that can never be registered (a comma in
+its name), which the server answers 400 with the registered models before any worker is asked.
 """
 from __future__ import annotations
 

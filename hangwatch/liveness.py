@@ -1,29 +1,12 @@
 """One check that always answers in time, and what a kubelet's two questions make of it.
 
-A kubelet asks "is this container alive?" (restart it if not) and "may it take work?" (take
-it out of its Service if not), every ``periodSeconds``, and counts a probe that does not
-answer within ``timeoutSeconds`` as a failure. So the check behind both answers must be
-bounded: ``bounded_check`` runs the ordinary ``check`` (same readings, same verdict, the
-same "never a request while anything is in flight") but starts a reading only when it can
-still finish inside the budget; when the budget runs out first, the verdict so far stands
-(never ``hung``: a verdict that needed more readings was not reached).
-
-``liveness`` says 503-worthy only for ``hung``; down (perhaps loading weights), blind, busy,
-idle and restarted are all alive, so a pod loading weights or serving a long prefill is
-never killed. ``readiness`` is stricter: only a backend that can take work now (idle and
-answering its probe, busy with progress, restarted and answering) is ready; hung, down,
-blind, asleep or a failed idle probe take it out of rotation at once.
-
-The budget each kind of hang needs (a reading — its read and its idle probe together —
-ends within ``timeout``, whatever the server does; ``interval`` between readings)::
-
-    wedged process     reading, interval, reading                  -> 2 x timeout + interval
-    failed idle probe  reading, interval, reading                  -> 2 x timeout + interval
-    stalled engine     reading, interval, reading, interval, reading -> 2 x interval + timeout
-                       (the last reading may take the whole timeout; the others answered)
-
-(a reading is started only if it could still take its whole timeout), plus one timeout
-for the reads that did answer (milliseconds each, but not none on a loaded machine).
+A kubelet counts a probe that does not answer within ``timeoutSeconds`` as a failure, so
+``bounded_check`` runs the ordinary ``check`` but starts a reading only when it can still
+finish inside the budget; when the budget runs out, the verdict so far stands (never ``hung``).
+``liveness`` fails only on ``hung`` (a pod loading weights or in a long prefill is never
+killed); ``readiness`` only passes a backend that can take work now. Each kind of hang needs
+two timeouts and one interval (wedged, failed probe) or two intervals and one timeout
+(stalled), plus one timeout of margin: ``budget_error`` refuses a budget shorter than that.
 """
 from __future__ import annotations
 

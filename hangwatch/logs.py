@@ -1,18 +1,10 @@
 """Logging for hangwatch's servers (the exporter, the webhook), set up one way for both.
 
-As node_exporter and Prometheus take ``--log.level`` and ``--log.format``, both servers take
-``--log-level`` (``debug``, ``info``, ``warning``, ``error``; unset: ``$HANGWATCH_LOG_LEVEL``,
-else ``info``) and ``--log-format`` (``text`` or ``json``). ``json`` writes one object per
-line for log shippers::
-
-    {"ts": "2026-12-01T10:00:00.123Z", "level": "info", "logger": "hangwatch.exporter", "msg": "listening on ..."}
-
-with ``exc`` holding the traceback when there is one. ``text`` is the same fields on one line.
-
-The level applies to hangwatch's own loggers (``hangwatch.*``). Libraries (urllib3, docker,
-waitress) stay at ``info`` and above even at ``debug``: ``--log-level debug`` turns on the
-exporter's line per probe and the webhook's payloads, not every socket a library opens.
-Secrets are never passed to a logger in the first place (STYLE.md); nothing here filters them.
+As node_exporter takes ``--log.level``/``--log.format``, both take ``--log-level`` (unset:
+``$HANGWATCH_LOG_LEVEL``, else ``info``) and ``--log-format`` (``text``, or ``json``: one
+object per line with ``ts``, ``level``, ``logger``, ``msg`` and ``exc``). The level applies to
+``hangwatch.*`` only, so ``debug`` shows the exporter's line per probe, not every socket a
+library opens. Secrets are never passed to a logger; nothing here filters them.
 """
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """The one table of modules: what kind of target it is, how it is observed, what may be done to it.
 
-A module decides which endpoints are read and what a verdict about the target may lead to.
-Every caller — ``hangwatch check``, the exporter, the liveness endpoint and the webhook —
-looks modules up here, so a new kind of target is one row, not edits in five places
-(the blackbox_exporter way: one prober per file behind one table).
-
-- ``reads_load``: the target reports requests in flight (it has ``metrics_available`` and a
-  probe-failure streak in the exporter's series);
-- ``restartable``: the webhook may ever restart it. A proxy or a FastChat front serves many
-  backends: when it is down a person is told; its backends are checked (and restarted)
-  directly.
+Every caller (``hangwatch check``, the exporter, the liveness endpoint, the webhook) looks
+modules up here, so a new kind of target is one row (the blackbox_exporter way). ``reads_load``:
+the target reports requests in flight; ``restartable``: the webhook may ever restart it (a
+proxy or a FastChat front serves many backends: those are checked and restarted instead).
 """
 from __future__ import annotations
 
@@ -46,7 +40,6 @@ MODULES: dict[str, Module] = {module.name: module for module in (
     Module("fastchat_api", fastchat.observe_api, reads_load=False, restartable=False,
            summary="a FastChat OpenAI API server: a chat request naming no registered model"),
 )}
-NAMES = tuple(MODULES)
 
 
 def module(name: str) -> Module:

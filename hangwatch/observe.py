@@ -1,14 +1,9 @@
-"""Take one observation of a target: read its load, and — only at idle — probe it.
+"""Take one observation of a target: read its load, and, only at idle, probe it.
 
-Every caller (``hangwatch check``, the exporter's scrape, the webhook's re-check, the
-liveness endpoint) observes a target through a module (``modules``) whose observer is built
-from the pieces here, so two rules live in exactly one place each:
-
-- ``observe_load``: never probe while anything is in flight (nor an engine that is asleep,
-  nor a target set to ``probe: none``);
-- ``not_answered``: how a request that got no usable HTTP answer becomes an observation
-  (refused/unreachable: down; accepted but silent: stalled; too large: blind).
-
+Every caller observes a target through a module whose observer is built from these pieces, so
+each rule lives in one place: ``observe_load`` (never probe while anything is in flight, nor
+an engine asleep, nor a target set to ``probe: none``), ``not_answered`` (no usable HTTP
+answer: down, stalled or blind) and ``version_due`` (when the engine's version is asked).
 Every request of one observation shares one ``Deadline``.
 """
 from __future__ import annotations
@@ -49,11 +44,8 @@ def not_answered(taken_at: float, fetched: Fetched, what: str, *, named: bool = 
 
 
 # Before an idle probe, the load is read again this long after the reading that found nothing
-# in flight. An engine's gauges count only what reached its scheduler: a request being received
-# or tokenized by the API server, or a client's next request after one finished, is not in them
-# yet (measured in the short soak: a reading with nothing in flight, and 15 ms later the probe
-# met a request in vLLM while the load had 8 open). Under a flowing load the second reading
-# shows work in flight or counters moved, and no probe goes out.
+# in flight: an engine's gauges count only what reached its scheduler, not a request the API
+# server is still receiving (docs/design.md, "a health check must not consume what it protects").
 IDLE_CONFIRM_S = 0.25
 
 
@@ -114,11 +106,18 @@ def metrics_observation(taken_at: float, fetched: Fetched, options: Options) -> 
     return Observation(taken_at, OK, reading=reading, scrape_seconds=fetched.elapsed)
 
 
+def version_due(engine: str, deadline: Deadline) -> bool:
+    """Whether ``engine_version`` would send a request: the engine has a version endpoint and
+    time is left (the exporter's loop asks this to know whether a worker must finish the probe)."""
+    spec = ENGINES_BY_NAME.get(engine)
+    return spec is not None and spec.version_path is not None and deadline.left() >= 0.05
+
+
 def engine_version(client: Client, url: str, engine: str, deadline: Deadline, options: Options) -> str | None:
     """The engine's version from its cheap version endpoint (vLLM /version never touches the engine)."""
-    spec = ENGINES_BY_NAME.get(engine)
-    if spec is None or spec.version_path is None or deadline.left() < 0.05:
+    if not version_due(engine, deadline):
         return None
+    spec = ENGINES_BY_NAME[engine]
     fetched = client.request("GET", url + spec.version_path, deadline=deadline, max_bytes=4096,
                              headers=options.auth_headers())
     if fetched.status != OK:
@@ -131,10 +130,12 @@ def engine_version(client: Client, url: str, engine: str, deadline: Deadline, op
 
 
 def observe_backend(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-                    clock: Callable[[], float] = time.monotonic) -> Observation:
-    """An engine: its /metrics, and the idle probe when due. (Its version, for the exporter's
-    info series, is ``engine_version``'s: the exporter asks it once per process, not per reading.)"""
-    return observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock)
+                    clock: Callable[[], float] = time.monotonic, first: Observation | None = None) -> Observation:
+    """An engine: its /metrics, and the idle probe when due. ``first``: its /metrics reading when
+    the caller has taken it already (the exporter's loop). Its version is ``engine_version``'s:
+    the exporter asks it once per process, not per reading."""
+    return observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock,
+                        first=first)
 
 
 def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,

@@ -1,21 +1,10 @@
 """The tiny idle probe: one 1-token completion (or one embedding), sent only when nothing is in flight.
 
-An engine can wedge while its gauges read 0 (a request sent during a freeze never shows up
-as waiting), so at idle — and only at idle, where it costs nothing — we ask for an answer.
-While anything is in flight the probe would queue behind real work and prove nothing, so
-the callers never send it then (``observe.observe_load`` holds that rule).
-
-How the probe ends is what matters, and only one ending can mean a stuck engine:
-- answered (2xx): the engine works;
-- failed (no answer before the deadline, a broken connection, a 5xx): counts toward hung;
-- rejected (any 4xx): the API server refused it before the engine saw it — a missing API key
-  (vLLM ``--api-key`` answers 401), a model that cannot do what was asked — so it proves
-  nothing and never counts toward hung; the detail says what a person should do.
-
-What is asked follows the served model (``Options.probe``): ``completion`` (1 token),
-``embedding`` (one input, for pooling/embedding models), ``none`` (never probe), or ``auto``:
-a completion, and — only when the server has no completions route for it (404/405, as a vLLM
-pooling model answers, measured) — one embedding instead, within the same deadline.
+An engine can wedge while its gauges read 0, so at idle, where it costs nothing, it is asked
+for an answer (``observe.observe_load`` holds the "only at idle" rule). Only a failed probe
+(no answer in time, broken, 5xx) counts toward hung; a rejected one (4xx: no API key, a model
+that cannot do it) proves nothing about the engine. ``Options.probe`` picks what is asked;
+``auto`` is a completion, or one embedding when the server has no completions route for it.
 """
 from __future__ import annotations
 
@@ -103,7 +92,7 @@ def send_probe(client: Client, base_url: str, deadline: Deadline, options: Optio
                              json=body, headers=options.auth_headers())
     result = _result(fetched, "1-token completion", PROBE_COMPLETION, model)
     if options.probe == PROBE_AUTO and result.rejected and fetched.http_status in _NO_SUCH_ROUTE:
-        return _embedding(client, base_url, deadline, options, model)  # a pooling model (measured: 404)
+        return _embedding(client, base_url, deadline, options, model)  # a pooling model (vLLM: 404)
     return result
 
 

@@ -39,7 +39,28 @@ class UnreadablePage(ValueError):
 
 @dataclass(frozen=True)
 class Reading:
-    """What one backend's own counters said at one moment, normalized across engines."""
+    """What one backend's own counters said at one moment, normalized across engines.
+
+    Field meanings (all summed over every label set, e.g. vLLM's ``engine`` and ``model_name``):
+
+    - ``running`` / ``waiting``: requests being processed / queued. Their sum is "in flight".
+    - ``deferred``: the waiting requests the engine cannot schedule by itself (vLLM: waiting on a
+      KV transfer or a LoRA budget); they are in flight, but their standing still is no stall.
+    - ``steps``: a counter that moves once per engine iteration (the engine's heartbeat).
+    - ``prompt_tokens`` / ``generation_tokens``: token counters. Beware: in vLLM 0.32 they do
+      not move during a long chunked prefill; in llama.cpp ``tokens_predicted`` moves only when
+      a request finishes.
+    - ``prefix_cache_queries``: moves when a prefill is scheduled (vLLM: jumps by the prompt
+      length at the start of a prefill).
+    - ``finished``: requests completed by the engine (vLLM: aborted and failed ones included).
+    - ``served``: requests that finished with an answer: not aborted, not failed (vLLM's
+      ``request_success_total`` without ``finished_reason="abort"|"error"``). Clients that give up
+      on a stalled server abort, and an abort must not read as output.
+    - ``decodes``: successful decode calls (TGI); each gives every running request one token.
+    - ``preemptions``: requests preempted (their KV evicted) to make room: thrash when KV is full.
+    - ``kv_cache_usage``: a 0..1 gauge; climbs chunk by chunk during a long prefill.
+    - ``process_start``: seconds since the epoch; absent in vLLM's multiprocess mode.
+    """
 
     engine: str
     running: float
@@ -257,7 +278,7 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
         raise UnreadablePage("page is truncated (its last line is cut off)")
     samples: dict[tuple[str, str], float] = {}  # (field, sample name) -> sum over label sets
     seen: set[tuple[str, str]] = set()
-    models: dict[str, None] = {}  # an ordered set: membership is O(1) (issue 11: 50k names took 21 s)
+    models: dict[str, None] = {}  # an ordered set: membership is O(1)
     asleep = False
     # Only the ~40 wanted lines are looked at in Python (``wanted_lines``).
     for line in wanted_lines(page, plan):

@@ -1,25 +1,14 @@
 """From observations over time to one verdict: idle, busy, hung, stalled, restarted, blind or down.
 
-This is the developers' truth table as a pure function; ``hangwatch check``, the webhook's
-re-check and the truth-table tests all call it, and the Prometheus rules are tested
-against the same scenarios. Only ``hung`` ever leads to a restart, so it is the hardest
-verdict to reach: requests in flight and no engine work across two consecutive intervals
-(and at least ``grace`` seconds), or a server that accepts connections and does not answer
-twice in a row, or an idle engine that fails its 1-token probe twice in a row. A probe the
-server *rejected* (4xx: no API key, a model that cannot do completions) proves nothing about
-the engine and never counts; in-flight requests that only wait on something outside the
-engine (vLLM's deferred queue: a KV transfer, a LoRA budget) are no stall either.
-
-``stalled`` is judged only when a stall window is given: requests in flight in every reading
-across that window and no output at all (``Reading.output``: no token out, no request
-answered) while something else may move — a prefill, a cache query, a KV block. Deferred
-requests count as in flight here: a transfer that never completes is a stall too.
+The developers' truth table as a pure function, called by ``hangwatch check``, the webhook's
+re-check and the truth-table tests (the Prometheus rules are tested against the same
+scenarios). Only ``hung`` leads to a restart, so it is the hardest to reach: in flight and no
+engine work across two intervals (and ``grace``), no answer twice in a row, or an idle probe
+failed twice in a row; a rejected probe (4xx) and deferred requests never count.
+``stalled`` (only with a stall window): in flight across the window and no output at all.
 """
 from __future__ import annotations
 
-import hashlib
-import math
-import struct
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -78,44 +67,6 @@ def progress(before: Reading, after: Reading) -> list[str]:
         if (new != old) if name in GAUGE_FIELDS else (new > old):
             moved.append(name)
     return moved
-
-
-def progress_fingerprint(reading: Reading) -> int | None:
-    """One number that changes whenever any of the reading's progress signals changes (None: the
-    engine has none, or the page gave none of them).
-
-    The exporter exposes it (``hangwatch_engine_progress_fingerprint``) so that the rules ask
-    "did anything move across these readings" with one ``changes()`` over one series per
-    target, instead of reading every signal over every range: the costliest part of rule
-    evaluation at fleet scale. Between readings of one process it changes exactly when
-    ``progress`` finds a signal that moved, but for a signal appearing or vanishing (which moves
-    the fingerprint and not ``progress``: the rules then see work where this module sees none,
-    never the reverse) and for a 2**-53 chance that a change keeps the same fingerprint. It is
-    the first 53 bits of BLAKE2b over the signals as little-endian doubles (an absent one as
-    NaN), in the engine's ``progress`` order: the same values give the same number in every
-    exporter process and version, and it is an integer a float64 holds exactly.
-    """
-    fields = progress_fields(reading.engine)
-    values = [getattr(reading, name) for name in fields]
-    if all(value is None for value in values):
-        return None
-    packed = struct.pack(f"<{len(values)}d", *(math.nan if value is None else value + 0.0 for value in values))
-    return int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little") >> 11
-
-
-def counters_sum(reading: Reading) -> float | None:
-    """The sum of the reading's counters (None: it has none): it goes back when a new process
-    started them again from zero.
-
-    The exporter exposes it (``hangwatch_engine_counters_total``) so that the rules see "counters
-    went backwards" with one ``resets()`` per target instead of one per counter. ``same_process``
-    asks whether *any* counter went back; the sum misses a new process only when that process
-    did more work by its first reading than the old one in its whole life. The rules then see
-    engine work across the two readings (the progress fingerprint moved: counters differ), so
-    they say busy where this module says restarted, and never hung on that basis.
-    """
-    counters = reading.counters()
-    return sum(counters.values()) if counters else None
 
 
 def judge(observations: Sequence[Observation], *, grace: float = 0.0,

@@ -18,8 +18,9 @@ import pytest
 
 from hangwatch.cli import build_parser
 from hangwatch.exporter.config import ConfigError as ExporterConfigError
-from hangwatch.exporter.config import ExporterConfig, TargetSettings, exporter_config
+from hangwatch.exporter.config import ExporterConfig, exporter_config
 from hangwatch.settings import duration
+from hangwatch.target_options import TargetOptions
 from hangwatch.webhook.config import Budget, Config, Recheck, Target, parse_config
 from hangwatch.webhook.config import ConfigError as WebhookConfigError
 
@@ -80,7 +81,7 @@ def test_exporter_config_keys_are_documented_both_ways():
 
 def test_exporter_config_defaults_are_the_documented_ones():
     defaults = ExporterConfig()
-    target_defaults = {f.name: f.default for f in dataclasses.fields(TargetSettings)}
+    target_defaults = {f.name: f.default for f in dataclasses.fields(TargetOptions)}
     for key, text in rows("Exporter config").items():
         if key.startswith("targets[]."):
             name = key.split(".")[1]
@@ -122,7 +123,7 @@ def test_webhook_config_keys_are_documented_both_ways():
 
 def test_webhook_config_defaults_are_the_documented_ones():
     top, recheck, budget = Config(targets=()), Recheck(), Budget()
-    target_defaults = {f.name: f.default for f in dataclasses.fields(Target)}
+    target_defaults = {f.name: f.default for f in dataclasses.fields(TargetOptions) + dataclasses.fields(Target)}
     for key, text in rows("Webhook config").items():
         if key.startswith("recheck."):
             actual = getattr(recheck, key.split(".")[1])

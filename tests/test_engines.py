@@ -328,17 +328,11 @@ def backend():
                          "hangwatch_prefix_cache_queries_total")),
 ], ids=["llamacpp", "sglang", "tgi"])  # names: the pages hold *_created times made at collection
 def test_exporter_series_are_normalized_for_every_engine(backend, engine, page, absent):
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from hangwatch.exporter.collector import BackendCollector
+    from tests.support.exposition import samples, scrape
     from tests.support.pages import Page
 
     backend.pages["/metrics"] = Page(page.encode())
-    registry = CollectorRegistry()
-    registry.register(BackendCollector(backend.url, "backend", 5.0))
-    series = {(s.name, tuple(sorted(s.labels.items()))): s.value
-              for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+    series = samples(scrape(backend.url, "backend", 5.0))
     names = {name for name, _ in series}
     assert series[("hangwatch_requests_in_flight", ())] == 6
     assert "hangwatch_engine_steps_total" in names

@@ -13,10 +13,10 @@ import sys
 import pytest
 
 from hangwatch import fastchat
-from hangwatch.check import MODULES, check
+from hangwatch.check import check
 from hangwatch.engines import ENGINES, ENGINES_BY_NAME
 from hangwatch.fetch import Client, Deadline
-from hangwatch.modules import MODULES as OBSERVERS
+from hangwatch.modules import MODULES
 from tests.exporter.test_probe_endpoint import exporter, probe, samples  # noqa: F401  (fixture)
 from tests.support.pages import Page, PageServer, closed_port
 
@@ -41,7 +41,7 @@ def server():
 
 
 def observe(module, url, timeout=5.0):
-    return OBSERVERS[module].observe(Client(), url, Deadline.after(timeout), clock=lambda: 0.0)
+    return MODULES[module].observe(Client(), url, Deadline.after(timeout), clock=lambda: 0.0)
 
 
 def no_sleep(_):
@@ -52,10 +52,10 @@ def no_sleep(_):
 
 def test_fastchat_modules_are_registered_for_check_and_exporter():
     for module in ("fastchat_worker", "fastchat_controller", "fastchat_api"):
-        assert module in OBSERVERS and module in MODULES
-    assert not OBSERVERS["fastchat_controller"].restartable and not OBSERVERS["fastchat_api"].restartable
-    assert OBSERVERS["fastchat_worker"].restartable
-    assert OBSERVERS["fastchat_worker"].reads_load
+        assert module in MODULES
+    assert not MODULES["fastchat_controller"].restartable and not MODULES["fastchat_api"].restartable
+    assert MODULES["fastchat_worker"].restartable
+    assert MODULES["fastchat_worker"].reads_load
 
 
 def test_no_page_is_ever_detected_as_fastchat():

@@ -47,7 +47,7 @@ def test_the_command_prints_it_too():
 
 
 def test_the_exporter_exports_build_info():
-    from hangwatch.exporter.server import own_metrics
+    from hangwatch.exporter.selfmetrics import own_metrics
     body = own_metrics(None).body.decode()
     assert build_info(body) == [EXPECTED]
 

@@ -12,8 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from hangwatch.modules import MODULES as MODULE_TABLE
-from hangwatch.observation import PROBE_AUTO, PROBE_KINDS
+from hangwatch.modules import MODULES
 from hangwatch.settings import (
     ConfigError,
     boolean,
@@ -26,18 +25,22 @@ from hangwatch.settings import (
     string,
     string_list,
 )
+from hangwatch.target_options import KEYS as SHARED_TARGET_KEYS
+from hangwatch.target_options import TargetOptions, target_options
 
 from .hosts import DEFAULT_HOST, DockerHost, parse_docker_hosts, require_tls, resolve
 from .private import require_private
 
 TOKEN_ENV = "HANGWATCH_WEBHOOK_TOKEN"
 MIN_TOKEN_CHARS = 32  # secrets.token_urlsafe(32) gives 43; a short token can be guessed
-# module -> may it ever be restarted?  A proxy or a FastChat front serves many backends:
-# restart those instead. The table is hangwatch/modules.py's, so a new module is known here too.
-MODULES = {name: row.restartable for name, row in MODULE_TABLE.items()}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # also used in lock file names
 _CONTAINER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # Docker's own name rule
 _SHARE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+# A target's keys: how it is read (the core's, but stall_window: the re-check's window is its own,
+# two recheck intervals) and what the webhook may do to it.
+READ_KEYS = SHARED_TARGET_KEYS - {"stall_window"}
+TARGET_KEYS = frozenset({"name", "container", "stop_timeout", "docker_host", "group", "insecure_tcp", "forensics_url",
+                         "restart_on"})
 RESERVED_NAMES = {"ledger"}  # locks/ledger.lock is the ledger's own lock: a target's lock must not be it
 
 
@@ -60,17 +63,33 @@ STALL_ALERT = "HangwatchBackendStalled"
 
 @dataclass(frozen=True)
 class Target:
+    """A container the webhook may restart, and how its re-check reads it (``read``: the core's
+    per-target options, the same type the exporter's targets have)."""
+
     name: str
     container: str
-    url: str
-    module: str = "backend"
+    read: TargetOptions
     stop_timeout: float = 30.0
-    api_key: str | None = field(default=None, repr=False)  # api_key_file's contents: never printed
-    probe: str = PROBE_AUTO
     docker_host: DockerHost = DEFAULT_HOST
     group: str | None = None  # the targets that serve one model (group_limit); from the config only
     forensics_url: str | None = None  # the exporter asked for the stacks before a restart (GET /forensics)
     restart_on: tuple[str, ...] = ("hung",)  # verdicts that may restart it: hung, and stalled if opted in
+
+    @property
+    def url(self) -> str:
+        return self.read.url
+
+    @property
+    def module(self) -> str:
+        return self.read.module
+
+    @property
+    def api_key(self) -> str | None:
+        return self.read.api_key
+
+    @property
+    def probe(self) -> str:
+        return self.read.probe
 
 
 @dataclass(frozen=True)
@@ -226,9 +245,7 @@ def _long_enough(token: str, where: str) -> str:
 def _target(raw, path: str, hosts: dict[str, DockerHost], env) -> Target:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping, got {show(raw)}")
-    data = mapping(raw, path, {"name", "container", "url", "module", "stop_timeout", "api_key_file", "probe",
-                               "docker_host", "group", "insecure_tcp", "forensics_url", "restart_on"},
-                   required={"name", "container", "url"})
+    data = mapping(raw, path, READ_KEYS | TARGET_KEYS, required={"name", "container", "url"})
     name = string(data["name"], f"{path}.name")
     if not _NAME.match(name):
         raise ConfigError(f"{path}.name: {name!r} must be letters, digits, '_', '.', '-' (at most 63)")
@@ -237,21 +254,14 @@ def _target(raw, path: str, hosts: dict[str, DockerHost], env) -> Target:
     container = string(data["container"], f"{path}.container")
     if not _CONTAINER.match(container):
         raise ConfigError(f"{path}.container: {container!r} is not a Docker container name")
-    url = http_url(data["url"], f"{path}.url")
-    module = data.get("module", "backend")
-    if module not in MODULES:
-        raise ConfigError(f"{path}.module: {show(module)} is not one of {', '.join(sorted(MODULES))}")
-    if not MODULES[module]:
+    read = target_options(data, path, url_with_path=False)
+    module = read.module
+    if not MODULES[module].restartable:  # a proxy or a FastChat front: restart its backends instead
         raise ConfigError(f"{path}.module: a {module} is never restarted (it fronts many backends); "
                           "list its backends as targets instead")
     stop_timeout = optional_duration(data, "stop_timeout", path, Target.stop_timeout, 0, 600)
-    api_key = None
     if "api_key_file" in data:
-        api_key = secret_file(data["api_key_file"], f"{path}.api_key_file")
         require_private(data["api_key_file"], f"{path}.api_key_file")
-    probe = data.get("probe", PROBE_AUTO)
-    if probe not in PROBE_KINDS:
-        raise ConfigError(f"{path}.probe: {show(probe)} is not one of {', '.join(PROBE_KINDS)}")
     docker_host = resolve(data.get("docker_host"), f"{path}.docker_host", hosts)
     require_tls(docker_host, boolean(data.get("insecure_tcp", False), f"{path}.insecure_tcp"),
                 f"{path}.docker_host", env)
@@ -265,6 +275,5 @@ def _target(raw, path: str, hosts: dict[str, DockerHost], env) -> Target:
     for verdict in restart_on:
         if verdict not in RESTART_VERDICTS:
             raise ConfigError(f"{path}.restart_on: {show(verdict)} is not one of {', '.join(RESTART_VERDICTS)}")
-    return Target(name=name, container=container, url=url, module=module, stop_timeout=stop_timeout,
-                  api_key=api_key, probe=probe, docker_host=docker_host, group=group, forensics_url=forensics_url,
-                  restart_on=restart_on)
+    return Target(name=name, container=container, read=read, stop_timeout=stop_timeout, docker_host=docker_host,
+                  group=group, forensics_url=forensics_url, restart_on=restart_on)

@@ -345,15 +345,15 @@ def test_the_loop_pool_shrinks_to_what_the_descriptor_limit_leaves(monkeypatch):
     """A kept idle connection must never cost a probe its socket."""
     import resource  # the process's limit, patched where every reader of it looks
 
-    from hangwatch.exporter import server as exporter_server
+    from hangwatch.exporter import fds
     config = ExporterConfig()
     monkeypatch.setattr(resource, "getrlimit", lambda which: (100000, 100000))
-    assert exporter_server.loop_pool_size(config) == exporter_server.LOOP_IDLE_CONNECTIONS
+    assert fds.loop_pool_size(config) == fds.LOOP_IDLE_CONNECTIONS
     monkeypatch.setattr(resource, "getrlimit", lambda which: (2000, 2000))
-    room = 2000 - exporter_server._fds_besides_the_loop_pool(config)
-    assert 0 < exporter_server.loop_pool_size(config) == room < exporter_server.LOOP_IDLE_CONNECTIONS
+    room = 2000 - fds.fds_besides_the_loop_pool(config)
+    assert 0 < fds.loop_pool_size(config) == room < fds.LOOP_IDLE_CONNECTIONS
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 1024))
-    assert exporter_server.loop_pool_size(config) == 0
+    assert fds.loop_pool_size(config) == 0
 
 
 def test_a_client_that_pipelines_then_half_closes_gets_every_answer(exporter_with):

@@ -6,7 +6,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from hangwatch.exporter.config import ConfigError, ExporterConfig, exporter_config
-from hangwatch.exporter.server import make_server, scrape_budget
+from hangwatch.exporter.prober import scrape_budget
+from hangwatch.exporter.server import make_server
 from tests.support.pages import Page, PageServer, closed_port
 from tests.test_check_bad_input import IDLE_PAGE
 from tests.test_reading import VLLM_TWO_ENGINES

@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 from hangwatch.engines import ENGINES
 from hangwatch.exporter.collector import render_series, series_for
+from hangwatch.exposition import progress_fingerprint
 from hangwatch.observation import Observation
 from hangwatch.reading import Reading
-from hangwatch.verdict import progress, progress_fingerprint
+from hangwatch.verdict import progress
 
 ENGINES_WITH_PROGRESS = [engine for engine in ENGINES if engine.progress]
 SIGNAL = st.one_of(st.none(), st.integers(0, 10**12).map(float), st.floats(0, 1e15, allow_nan=False))
@@ -87,7 +88,7 @@ def test_the_fingerprint_is_the_same_number_in_another_process_and_exact_in_a_fl
     values = {"steps": 5123.0, "prompt_tokens": 812.0, "generation_tokens": 20480.0,
               "prefix_cache_queries": 812.0, "finished": 12.0, "kv_cache_usage": 0.031}
     here = progress_fingerprint(reading("vllm", values))
-    code = ("from hangwatch.reading import Reading; from hangwatch.verdict import progress_fingerprint; "
+    code = ("from hangwatch.reading import Reading; from hangwatch.exposition import progress_fingerprint; "
             f"print(progress_fingerprint(Reading(engine='vllm', running=1.0, waiting=0.0, **{values!r})))")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": "12345"}, timeout=60).stdout
@@ -109,7 +110,8 @@ def test_the_counters_sum_goes_back_only_for_a_new_process_and_for_every_new_pro
     """The rules see a restart (no start time) where the sum of the counters went back: never for
     one process (``same_process`` agrees), always when the new process' counters are each at most
     the old ones and one is lower (a new process that has not out-worked the old one)."""
-    from hangwatch.verdict import counters_sum, same_process
+    from hangwatch.exposition import counters_sum
+    from hangwatch.verdict import same_process
     counters = [name for name in spec.progress if name != "kv_cache_usage"]
     old = {name: data.draw(COUNTER) for name in counters}
     grown = {name: value + data.draw(COUNTER) for name, value in old.items()}

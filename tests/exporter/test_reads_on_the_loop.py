@@ -255,6 +255,7 @@ def test_an_error_in_the_probe_after_the_read_is_a_500_not_a_hung_scrape(monkeyp
     """Whatever goes wrong after the backend was read, the scrape gets an answer and its slot back."""
     import requests
 
+    from hangwatch.exporter import prober
     from hangwatch.exporter import server as exporter_server
     from hangwatch.exporter.config import ExporterConfig
 
@@ -263,7 +264,7 @@ def test_an_error_in_the_probe_after_the_read_is_a_500_not_a_hung_scrape(monkeyp
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
-    monkeypatch.setattr(exporter_server, "metrics_observation", broken)
+    monkeypatch.setattr(prober, "metrics_observation", broken)
     server = exporter_server.make_server("127.0.0.1:0", ExporterConfig(max_concurrent_probes=1))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -1,35 +1,19 @@
 """The exporter renders /probe answers itself, byte for byte what prometheus_client writes.
 
-``collector.render`` replaces a fresh CollectorRegistry + generate_latest per probe (a third
-of the exporter's CPU per scrape went there); Prometheus must see exactly the same text.
+``collector.render_series`` replaces a fresh CollectorRegistry + generate_latest per probe;
+Prometheus must see exactly the same text.
 """
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
-from hangwatch.exporter.collector import families_for, render
+from hangwatch.exporter.collector import render_series, series_for
 from hangwatch.fetch import TIMEOUT
 from hangwatch.observe import BLIND, OK, Observation
 from hangwatch.probe import ProbeResult
 from hangwatch.reading import Reading, parse
+from tests.support.exposition import reference_text
 from tests.test_reading import VLLM_TWO_ENGINES
-
-
-class _Fixed:
-    def __init__(self, families):
-        self.families = families
-
-    def collect(self):
-        return iter(self.families)
-
-
-def reference(families) -> bytes:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed(list(families)))
-    return generate_latest(registry)
-
 
 BUSY = parse(VLLM_TWO_ENGINES)
 OBSERVATIONS = {
@@ -49,28 +33,13 @@ OBSERVATIONS = {
 
 
 @pytest.mark.parametrize("name", OBSERVATIONS)
-def test_render_is_byte_for_byte_generate_latest(name):
-    observation, module = OBSERVATIONS[name]
-    ours = render(families_for(observation, module, 0.004567))
-    assert ours == reference(families_for(observation, module, 0.004567))
-    assert ours.endswith(b"\n") and b"hangwatch_up" in ours
-
-
-def test_families_the_fast_path_does_not_cover_go_through_generate_latest():
-    histogram = HistogramMetricFamily("h", "a histogram", buckets=[("1.0", 2), ("+Inf", 3)], sum_value=4)
-    families = [GaugeMetricFamily("g", "a gauge", value=1), histogram]
-    assert render(families) == reference(families)
-
-
-@pytest.mark.parametrize("name", OBSERVATIONS)
-def test_series_render_straight_to_the_same_bytes(name):
-    """``render_series`` (the /probe path: no prometheus_client objects) writes exactly what
-    the families of the same series render to."""
-    from hangwatch.exporter.collector import as_families, render_series, series_for
+def test_series_render_byte_for_byte_as_generate_latest(name):
     observation, module = OBSERVATIONS[name]
     series = list(series_for(observation, module, 0.004567))
-    assert render_series(series) == render(as_families(series)) == reference(families_for(observation, module, 0.004567))
-    assert render_series(series) == render_series(series)  # the kept HELP/TYPE lines change nothing
+    ours = render_series(series)
+    assert ours == reference_text(series)
+    assert ours.endswith(b"\n") and b"hangwatch_up" in ours
+    assert render_series(series) == ours  # the kept HELP/TYPE lines change nothing
 
 
 @pytest.mark.parametrize("value", [0.0, -0.0, 1.0, 4, 0.031, 1e-7, 1e21, 1.7644e9, 123456.0, 1234567.0, 12345678.5,

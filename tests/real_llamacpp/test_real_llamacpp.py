@@ -17,13 +17,11 @@ import threading
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from hangwatch.check import check
-from hangwatch.exporter.collector import BackendCollector
 from hangwatch.verdict import judge
 from tests.real_llamacpp.llamacpp_server import SLOTS, metric
+from tests.support.exposition import samples, scrape
 
 pytestmark = pytest.mark.real
 
@@ -35,12 +33,8 @@ INTERVAL = 1.5  # check's interval during the long prompt: its 4 readings span 4
 
 
 def exporter_scrape(url: str, budget: float = 10.0) -> dict:
-    """One /probe scrape's series, as the exporter builds them (a private registry)."""
-    registry = CollectorRegistry()
-    registry.register(BackendCollector(url, "backend", budget))
-    text = generate_latest(registry).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    """One /probe scrape's series, through the exporter's own prober."""
+    return samples(scrape(url, "backend", budget))
 
 
 def info_engine(series: dict) -> str:

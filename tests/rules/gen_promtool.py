@@ -1,7 +1,7 @@
 """The truth table, engine two: turn tests/scenarios/*.yaml into ``promtool test rules`` files.
 
 Each scenario step is made into the ``Observation`` the exporter would have made, rendered by
-the exporter's own ``families_for`` (``observations.exported_samples``): the input series are
+the exporter's own exposition (``observations.exported_samples``): the input series are
 what Prometheus would have stored (a value per scrape, ``stale`` where a series disappears, as
 Prometheus marks it, ``up`` for every scrape of the exporter).
 

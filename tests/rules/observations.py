@@ -1,14 +1,14 @@
 """The series the exporter would have emitted for each scenario step.
 
-``exported_samples`` renders a step's observation (production's, ``served``) with the
-exporter's own ``families_for`` and adds what Prometheus adds (the target labels and ``up``),
+``exported_samples`` renders a step's observation (production's, ``served``) through the
+exporter's own exposition (``tests.support.exposition.probe_text``) and adds what Prometheus adds (the target labels and ``up``),
 so the promtool truth table reads exactly the series the exporter emits, never a hand-kept
 copy of them.
 """
 from __future__ import annotations
 
-from hangwatch.exporter.collector import families_for
 from hangwatch.observation import Observation
+from tests.support.exposition import probe_text, samples
 
 
 def series_name(name: str, labels: dict) -> str:
@@ -27,7 +27,6 @@ def exported_samples(observation: Observation | None, module: str, target_labels
     out = {series_name("up", target_labels): 0.0 if observation is None else 1.0}
     if observation is None:
         return out
-    for family in families_for(observation, module, 0.01, stall_window):
-        for sample in family.samples:
-            out[series_name(sample.name, {**target_labels, **sample.labels})] = float(sample.value)
+    for (name, labels), value in samples(probe_text(observation, module, 0.01, stall_window=stall_window)).items():
+        out[series_name(name, {**target_labels, **dict(labels)})] = float(value)
     return out

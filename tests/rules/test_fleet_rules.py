@@ -56,7 +56,7 @@ def name(metric, labels, **extra):
 
 
 def series_from(m, observations) -> dict[str, list]:
-    """What Prometheus stores for a member: the exporter's own families (``families_for``) for each
+    """What Prometheus stores for a member: the exporter's own families (``tests.support.exposition.probe_text``) for each
     scrape's observation, plus ``up``; a series missing from one scrape is marked stale."""
     out: dict[str, list] = {}
     for i, observation in enumerate(observations):

@@ -4,7 +4,7 @@ The rules read engine work from one series per target, the exporter's progress f
 (``changes()``), and a new process without a start time from another, the sum of its counters
 (``resets()``): rules/windows.py ``progress_expr`` and ``resets_expr``. Before, they read each
 signal over each range and joined the results, which was most of the recording group's cost.
-Here both are fed what the exporter exposes for runs of readings (``families_for``) and
+Here both are fed what the exporter exposes for runs of readings (``tests.support.exposition.probe_text``) and
 compared, with promtool, against that plain chain of every signal:
 
 - progress: "work" exactly where the chain of every signal's ``changes()`` sees work, and "none"
@@ -63,7 +63,7 @@ _V = ("steps", "prompt_tokens", "generation_tokens", "prefix_cache_queries", "fi
 
 
 def reading_series(runs: dict) -> list[dict]:
-    """What Prometheus stores for ``runs``, from the exporter's own series (``families_for``)."""
+    """What Prometheus stores for ``runs``, from the exporter's own series (``tests.support.exposition.probe_text``)."""
     values: dict[str, list[str]] = {}
     for target, (engine, rows) in runs.items():
         labels = {"job": "hangwatch", "instance": target, "target": target}

@@ -1,0 +1,59 @@
+"""The exporter's routes in one table: a path, its handler, and how it waits for a worker.
+
+To add a route, add a row to ``routes()``: a handler ``Request -> Response``, ``inline`` when
+it never blocks, else it runs on a probe worker under the same limit (or starts on the loop:
+``on_loop``, as ``/probe`` does).
+"""
+from __future__ import annotations
+
+from .config import ExporterConfig
+from .forensics import LivezCaptures, forensics_route
+from .health import answer_health, shared_checks
+from .httpserver import Request, Response, Route
+from .prober import TEXT, Prober
+from .selfmetrics import own_metrics
+
+INDEX = b"""<html><head><title>hangwatch exporter</title></head><body>
+<h1>hangwatch exporter</h1>
+<p>Reads a model server's own /metrics and says idle, busy or hung, without consuming its slots.</p>
+<ul><li><a href="/metrics">/metrics</a> (the exporter's own health)</li>
+<li>/probe?target=http://127.0.0.1:8000&amp;module=backend (module: backend or proxy)</li>
+<li>/livez?target=...&amp;module=... (503 only when hung: a kubelet's liveness probe)</li>
+<li>/readyz?target=...&amp;module=... (503 unless it can take work now: a readiness probe)</li></ul>
+</body></html>
+"""
+
+
+def index(request: Request) -> Response:
+    return Response(200, "text/html; charset=utf-8", INDEX)
+
+
+def health_route(endpoint: str, config: ExporterConfig, checks) -> Route:
+    """``/livez`` or ``/readyz``: one bounded check per target, shared by concurrent callers.
+    Overloaded (no worker free at once), liveness says alive — a restart needs proof of a hang —
+    and readiness says not ready."""
+    captures = LivezCaptures(config) if endpoint == "livez" and config.forensics.enabled else None
+
+    def handler(request: Request) -> Response:
+        answer = answer_health(endpoint, request.query, config, checks)
+        if captures is not None:  # the stacks at the first 503 (docs/kubernetes.md)
+            captures.seen(request.query, answer[0])
+        return Response(*answer)
+
+    def overloaded(request: Request) -> Response:
+        code = 200 if endpoint == "livez" else 503
+        return Response(code, TEXT, b"overloaded: no worker free to check; not a verdict on the target\n")
+    return Route(handler, start_within=lambda request: config.liveness_budget / 4, overloaded=overloaded)
+
+
+def routes(config: ExporterConfig, prober: Prober) -> dict[str, Route]:
+    checks = shared_checks(config)  # /livez and /readyz share one bounded check per target
+    extra = {"/forensics": forensics_route(config)} if config.forensics.enabled else {}
+    return extra | {
+        "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded,
+                        on_loop=prober.on_loop),
+        "/livez": health_route("livez", config, checks),
+        "/readyz": health_route("readyz", config, checks),
+        "/metrics": Route(own_metrics, inline=True),
+        "/": Route(index, inline=True),
+    }
