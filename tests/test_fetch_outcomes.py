@@ -18,10 +18,10 @@ from hangwatch.fetch import Client, Deadline
 from hangwatch.observation import BLIND, REFUSED, TIMEOUT, UNREACHABLE, Options
 from hangwatch.observe import metrics_observation, observe_backend
 from hangwatch.verdict import judge
+from harness.ports import closed_port
 from tests.exporter.test_reads_on_the_loop import loop_client, loop_get  # noqa: F401 (fixture)
 from tests.support.hostile import SocketServer
 from tests.support.pages import Page, PageServer
-from tests.support.ports import closed_port
 
 DEADLINE = 1.0
 

@@ -16,10 +16,10 @@ import pytest
 
 from hangwatch.check import check
 from hangwatch.fetch import OK, TIMEOUT, Client, Deadline
+from harness.wait import wait_until
 from tests.exporter.test_probe_endpoint import probe, samples, start_exporter
 from tests.support.hostile import HostileServer
 from tests.support.pages import Page, PageServer
-from tests.support.wait import wait_until
 
 IDLE_PAGE = (Path(__file__).parent / "data" / "vllm-0.32" / "idle.prom").read_bytes()
 MODELS = json.dumps({"object": "list", "data": [{"id": "tiny-llama", "object": "model"}]}).encode()

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import zipfile
 from pathlib import Path
 
@@ -97,3 +98,23 @@ def test_the_wheel_installs_nothing_outside_hangwatch():
     for expected in ("hangwatch/check.py", "hangwatch/exporter/server.py", "hangwatch/webhook/app.py",
                      "hangwatch/simulator/pages/single.prom"):
         assert expected in names, expected
+
+
+INSTALLED = {"hangwatch": "hangwatch", "exporter": "hangwatch.exporter", "webhook": "hangwatch.webhook",
+             "simulator": "hangwatch.simulator", "rules": "hangwatch.rules", "grafana/dashboards": "hangwatch.dashboards"}
+MODULE_LINES = 400
+
+
+def test_no_installed_module_is_a_wall():
+    """A module over 400 lines holds more than one job (issue 27): split it by job."""
+    walls = {str(path.relative_to(ROOT)): lines
+             for folder in INSTALLED for path in sorted((ROOT / folder).rglob("*.py"))
+             if (lines := len(path.read_text().splitlines())) > MODULE_LINES}
+    assert not walls, f"installed modules over {MODULE_LINES} lines: {walls}"
+
+
+def test_the_installed_folders_are_the_wheels_packages():
+    """The wall check above reads every installed folder: the same map as pyproject's package-dir."""
+    section = (ROOT / "pyproject.toml").read_text().split("[tool.setuptools.package-dir]")[1].split("\n[")[0]
+    package_dir = dict(re.findall(r'^"([\w.]+)"\s*=\s*"([\w/]+)"', section, re.M))
+    assert {folder: name for name, folder in package_dir.items()} == INSTALLED

@@ -12,7 +12,7 @@ from hangwatch.engines import ENGINES
 from hangwatch.exporter.collector import BackendCollector
 from hangwatch.exporter.config import exporter_config
 from hangwatch.fetch import BROKEN, Deadline, Fetched
-from hangwatch.observation import ANSWERED, Observation
+from hangwatch.observation import OK, Observation
 from hangwatch.observe import engine_version
 from hangwatch.reading import Reading
 from hangwatch.settings import ConfigError
@@ -71,7 +71,7 @@ class _CountingClient:
 def test_the_loop_hands_off_exactly_when_the_version_would_be_asked(engine, seconds):
     """The loop's "a worker must ask the version" and ``engine_version`` asking are one rule:
     if they disagreed, the loop would block on a request or leave the version out."""
-    observation = Observation(0.0, ANSWERED, reading=Reading(engine, 1.0, 0.0))
+    observation = Observation(0.0, OK, reading=Reading(engine, 1.0, 0.0))
     deadline = Deadline.after(seconds)
     collector = BackendCollector("http://127.0.0.1:8000", "backend", 5.0)
     asks = collector.version_asks(observation, deadline, None)

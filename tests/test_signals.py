@@ -18,8 +18,8 @@ import time
 import pytest
 import requests
 
+from harness.processes import REPO
 from tests.support.hostile import HostileServer
-from tests.support.processes import REPO
 from tests.support.servers import LISTENING, ServerProcess, webhook_config
 
 PROMPT = 1.0  # seconds from the signal to the process being gone

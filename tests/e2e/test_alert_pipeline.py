@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from harness.stack import HUNG, Stack
+from harness.wait import wait_for_seconds, wait_until
 from tests.support.require import require_binary
-from tests.support.stack import HUNG, Stack
-from tests.support.wait import wait_for_seconds, wait_until
 
 pytestmark = pytest.mark.real
 

@@ -19,8 +19,8 @@ import pytest
 import requests
 
 from demo.stack import CONTAINER, TARGET, Stack
+from harness.wait import wait_until
 from tests.support.require import require_binary
-from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.real
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from harness.stack import HUNG, Stack
+from harness.wait import wait_until
 from tests.support.require import require_binary
-from tests.support.stack import HUNG, Stack
-from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.real
 

@@ -15,9 +15,9 @@ import pytest
 from hangwatch.exporter.evloop import Loop
 from hangwatch.exporter.loopfetch import LoopClient
 from hangwatch.fetch import OK, REFUSED, TIMEOUT, Client, Deadline
+from harness.wait import wait_until
 from tests.support.hostile import HostileServer, SocketServer
 from tests.support.pages import Page, PageServer
-from tests.support.wait import wait_until
 
 IDLE_PAGE = (Path(__file__).parents[1] / "data" / "vllm-0.32" / "idle.prom").read_bytes()
 SLACK = 2.0  # a bound that is the feature (the deadline), generously: a loaded two-core machine

@@ -18,8 +18,8 @@ import requests
 from hangwatch.exporter.config import ConfigError, exporter_config
 from hangwatch.exporter.server import make_server
 from hangwatch.liveness import RESTART_WINDOW, StartupClock, StartupDeadline
-from tests.support.ports import closed_port
-from tests.support.wait import wait_until
+from harness.ports import closed_port
+from harness.wait import wait_until
 
 FAST = {"liveness_interval": "300ms", "liveness_timeout": "300ms", "liveness_budget": "1500ms"}
 

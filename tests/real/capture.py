@@ -16,7 +16,7 @@ import time
 
 import requests
 
-from tests.real.vllm_server import HERE, LONG_PROMPT_TOKENS, MODEL_NAME, VLLMServer, descendants, proc_title, venv_path
+from harness.vllm_server import HERE, LONG_PROMPT_TOKENS, MODEL_NAME, VLLMServer, descendants, proc_title, venv_path
 
 OUT_DEFAULT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "data", "vllm-0.32")
 

@@ -7,13 +7,13 @@ comes from ``.ci/setup-vllm.sh`` (``HANGWATCH_VLLM_VENV``, default
 """
 import pytest
 
-from tests.real.vllm_server import VLLMServer, venv_path, venv_usable
+from harness.vllm_server import VLLMServer, venv_path, venv_usable
 from tests.support.require import require
 
 
 @pytest.fixture(scope="package")
 def real_vllm():
-    """A started :class:`tests.real.vllm_server.VLLMServer`.
+    """A started :class:`harness.vllm_server.VLLMServer`.
 
     ``.url``, ``.freeze()`` / ``.wait_frozen(running)`` / ``.thaw()`` / ``.wait_progress(page)``
     (SIGSTOP/SIGCONT of VLLM::EngineCore), ``.restart()``, ``.metrics_text()`` / ``.metrics()``

@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from tests.real.vllm_server import LONG_PROMPT_TOKENS, MAX_MODEL_LEN
+from harness.vllm_server import LONG_PROMPT_TOKENS, MAX_MODEL_LEN
 
 pytestmark = pytest.mark.real
 

@@ -14,9 +14,9 @@ import threading
 import pytest
 import requests
 
+from harness.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
 from tests.exporter.test_probe_endpoint import samples, start_exporter
 from tests.real.test_real_vllm_verdicts import hangwatch_check as run_check
-from tests.real.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
 from tests.support.require import require
 
 pytestmark = pytest.mark.real

@@ -19,10 +19,10 @@ import pytest
 import requests
 
 from hangwatch.exporter.config import ExporterConfig
+from harness.processes import start_server
+from harness.stack import hangwatch_command
+from harness.vllm_server import LONG_PROMPT_TOKENS
 from tests.real.test_real_vllm_verdicts import RUNNING, inference_requests
-from tests.real.vllm_server import LONG_PROMPT_TOKENS
-from tests.support.processes import start_server
-from tests.support.stack import hangwatch_command
 
 pytestmark = pytest.mark.real
 

@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from hangwatch.simulator import Simulator
-from tests.real.vllm_server import MODEL_NAME
+from harness.vllm_server import MODEL_NAME
 from tests.test_simulator import _keys as keys  # the JSON key paths the capture tests compare
 
 pytestmark = pytest.mark.real

@@ -10,8 +10,8 @@ import time
 import pytest
 import requests
 
-from tests.support.processes import start_server
-from tests.support.stack import hangwatch_command
+from harness.processes import start_server
+from harness.stack import hangwatch_command
 
 pytestmark = pytest.mark.real
 

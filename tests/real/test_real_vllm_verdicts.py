@@ -18,7 +18,7 @@ import pytest
 from hangwatch.fetch import Client, Deadline
 from hangwatch.observe import observe_backend
 from hangwatch.verdict import judge
-from tests.real.vllm_server import LONG_PROMPT_TOKENS
+from harness.vllm_server import LONG_PROMPT_TOKENS
 
 pytestmark = pytest.mark.real
 

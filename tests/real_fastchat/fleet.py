@@ -21,10 +21,10 @@ from pathlib import Path
 
 import requests
 
-from tests.support.ports import address_in_use, free_port, listening_ports
-from tests.support.processes import Process, ProcessExited
-from tests.support.stack import Stack
-from tests.support.wait import wait_until
+from harness.ports import address_in_use, free_port, listening_ports
+from harness.processes import Process, ProcessExited
+from harness.stack import Stack
+from harness.wait import wait_until
 
 CACHE = os.environ.get("HANGWATCH_CACHE", "/var/cache/hangwatch")
 MODEL_NAME = "tiny-vicuna"
@@ -273,7 +273,7 @@ def fleet_stack(workdir: Path, fleet: Fleet, vllm_url: str, *, urls: dict[str, s
     """The one stack, configured from examples/fleet/prometheus.yml for this deployment plus a
     vLLM box at ``vllm_url`` (rules retimed, every duration scaled, to a ``SCRAPE`` interval).
     ``urls`` overrides a member's URL; the rest (containers, hook, extra targets) is
-    :class:`tests.support.stack.Stack`'s."""
+    :class:`harness.stack.Stack`'s."""
     targets = {"vllm-a": vllm_url, "fc-controller": fleet.controller.url, "fc-api": fleet.api.url,
                **{f"fc-worker-{i}": worker.url for i, worker in enumerate(fleet.workers[:2])}, **(urls or {})}
     return Stack(workdir, SCRAPE, scrape_timeout=SCRAPE_TIMEOUT, targets=targets, example="fleet/prometheus.yml",

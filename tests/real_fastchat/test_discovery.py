@@ -17,9 +17,9 @@ import pytest
 import requests
 import yaml
 
-from tests.support.processes import start_server
+from harness.processes import start_server
+from harness.wait import wait_until
 from tests.support.require import require_binary
-from tests.support.wait import wait_until
 from tests.webhook.real_parts import backend_image, docker_client, dockerd  # noqa: F401
 
 pytestmark = pytest.mark.real

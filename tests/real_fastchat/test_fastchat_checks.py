@@ -18,8 +18,8 @@ from hangwatch.check import check
 from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import observe
 from hangwatch.verdict import judge
+from harness.wait import wait_until
 from tests.real_fastchat.fleet import HEARTBEAT_INTERVAL, MODEL_NAME, generate_stream
-from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.real
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from hangwatch.simulator import Simulator
+from harness.stack import HUNG
+from harness.wait import wait_for_seconds, wait_until
 from tests.real_fastchat.fleet import SCRAPE, fleet_stack
 from tests.real_fastchat.test_fastchat_checks import PROBE_LINE, Load
 from tests.support.require import require_binary
-from tests.support.stack import HUNG
-from tests.support.wait import wait_for_seconds, wait_until
 
 pytestmark = pytest.mark.real
 

@@ -26,13 +26,13 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.ports import address_in_use, closed_port, free_port, listening_ports
+from harness.processes import start_server
+from harness.stack import hangwatch_command
+from harness.wait import wait_for_seconds, wait_until
 from tests.real_fastchat import fleet as fleet_mod
 from tests.real_fastchat.fleet import SCRAPE, fleet_stack
-from tests.support.ports import address_in_use, closed_port, free_port, listening_ports
-from tests.support.processes import start_server
 from tests.support.require import require_binary
-from tests.support.stack import hangwatch_command
-from tests.support.wait import wait_for_seconds, wait_until
 from tests.webhook.real_parts import backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.real

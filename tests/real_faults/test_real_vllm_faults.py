@@ -23,11 +23,11 @@ import time
 import pytest
 import requests
 
-from tests.real import tinymodel
-from tests.real.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
+from harness import tinymodel
+from harness.stack import HUNG, Stack
+from harness.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
+from harness.wait import wait_until
 from tests.support.require import require, require_binary
-from tests.support.stack import HUNG, Stack
-from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.real
 

@@ -14,11 +14,11 @@ import time
 import pytest
 import requests
 
-from tests.real.vllm_server import VLLMServer, venv_path, venv_usable
-from tests.support.processes import start_server
+from harness.processes import start_server
+from harness.stack import Stack, hangwatch_command
+from harness.vllm_server import VLLMServer, venv_path, venv_usable
+from harness.wait import wait_until
 from tests.support.require import require, require_binary
-from tests.support.stack import Stack, hangwatch_command
-from tests.support.wait import wait_until
 from tests.webhook.real_parts import Backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 
 from .test_real_vllm_faults import SCRAPE, SCRAPE_TIMEOUT, STALLED, WINDOW, Clients

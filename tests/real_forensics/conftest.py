@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.real.vllm_server import VLLMServer, venv_path, venv_usable
+from harness.vllm_server import VLLMServer, venv_path, venv_usable
 from tests.support.require import require
 
 FAULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "vllm_faults")

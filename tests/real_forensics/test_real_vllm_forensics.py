@@ -12,11 +12,11 @@ import time
 import pytest
 import requests
 
-from tests.real.vllm_server import proc_title
-from tests.support.processes import REPO, start_server
+from harness.processes import REPO, start_server
+from harness.stack import HUNG, Stack, hangwatch_command
+from harness.vllm_server import proc_title
+from harness.wait import wait_until
 from tests.support.require import require_binary
-from tests.support.stack import HUNG, Stack, hangwatch_command
-from tests.support.wait import wait_until
 from tests.webhook.real_parts import Backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.real

@@ -23,7 +23,7 @@ import json
 import pytest
 
 from bench.soak import Settings, Soak, table
-from tests.real.vllm_server import venv_path, venv_usable
+from harness.vllm_server import venv_path, venv_usable
 from tests.support.require import require, require_binary
 
 pytestmark = pytest.mark.real

@@ -22,8 +22,8 @@ from hangwatch.engines import ENGINES_BY_NAME
 from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import module as module_named
 from hangwatch.observation import Observation, Options
+from harness.ports import closed_port
 from tests.support.pages import Page, PageServer
-from tests.support.ports import closed_port
 
 from .scenarios import Scenario, Step, load_all
 

@@ -23,10 +23,10 @@ from datetime import datetime, timezone
 import pytest
 import requests
 
-from tests.support.ports import free_port  # noqa: F401  (sshd.py and the Alertmanager test import it here)
-from tests.support.processes import stop_popen
+from harness.ports import free_port  # noqa: F401  (sshd.py and the Alertmanager test import it here)
+from harness.processes import stop_popen
+from harness.wait import wait_until
 from tests.support.require import require, require_binary
-from tests.support.wait import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).resolve().parent
@@ -36,7 +36,7 @@ HOST_PYTHON = "/usr/bin/python3"
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    """``tests.support.wait.wait_until`` under the name these tests use."""
+    """``harness.wait.wait_until`` under the name these tests use."""
     return wait_until(predicate, timeout, what, interval=interval)
 
 

@@ -7,7 +7,7 @@ import logging
 import time
 
 from hangwatch.webhook.lookups import SLOTS
-from tests.support.wait import wait_until
+from harness.wait import wait_until
 
 from .fakes import FakeClock, FakeRestarter, auth, iso, payload
 
