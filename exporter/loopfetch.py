@@ -100,19 +100,3 @@ def _alive(sock: socket.socket) -> bool:
         return True
     except OSError:
         return False
-
-
-def _request_bytes(path: str, netloc: str, headers: dict[str, str] | None) -> bytes:
-    sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Host": netloc.rpartition("@")[2]}
-    sent.update(headers or {})
-    return (f"GET {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in sent.items()) + "\r\n").encode("latin-1")
-
-
-def _alive(sock: socket.socket) -> bool:
-    """An idle connection the server has not closed and that holds no stray bytes."""
-    try:
-        return not sock.recv(1, socket.MSG_PEEK)  # b"": closed; bytes: stray, unusable
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
