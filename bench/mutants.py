@@ -107,8 +107,8 @@ MUTANTS = [
     ("check-too-few-readings", "hangwatch/check.py", "    return 4 + math.ceil(longest / interval)",
      "    return 2 + math.ceil(longest / interval)", "check gives up before hung can be reached", CORE, CORE_NEW),
     # -- the webhook's decision (webhook/policy.py, ledger.py, limits.py)
-    ("restart-on-down", "webhook/policy.py", '        if state != "hung":',
-     '        if state not in ("hung", "down"):', "restart a down backend (loading weights)", HOOK, HOOK_NEW),
+    ("restart-on-down", "webhook/policy.py", '        if state not in target.restart_on:',
+     '        if state not in (*target.restart_on, "down"):', "restart a down backend (loading weights)", HOOK, HOOK_NEW),
     ("cooldown-off-by-sign", "webhook/policy.py", "        if last is not None and now - last < self.config.cooldown:",
      "        if last is not None and now - last > self.config.cooldown:", "cooldown inverted", HOOK, HOOK_NEW),
     ("budget-off-by-one", "webhook/policy.py",
