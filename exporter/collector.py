@@ -253,7 +253,7 @@ def _header(name: str, kind: str, doc: str) -> tuple[str, str]:
 
 def render_series(all_series) -> bytes:
     """The text exposition format of ``Series``: byte for byte what prometheus_client's
-    ``generate_latest`` writes for the same families (tests/test_exporter_render.py)."""
+    ``generate_latest`` writes for the same families (tests/exporter/test_render_matches_prometheus_client.py)."""
     out = []
     append = out.append
     for name, doc, kind, labels, samples in all_series:

@@ -96,7 +96,7 @@ PROGRESS_FINGERPRINT = "hangwatch_engine_progress_fingerprint"
 def progress_expr(range_text: str = "${range}") -> str:
     """Engine work over a range: the number of times the exporter's progress fingerprint changed.
 
-    The fingerprint (``hangwatch.verdict.progress_fingerprint``) changes whenever one of the
+    The fingerprint (``hangwatch.exposition.progress_fingerprint``) changes whenever one of the
     engine's progress signals does, so this is one ``changes()`` over one series per target.
     Reading every signal instead (a union of each signal's ``changes()``) was the costliest part of
     the recording group at fleet scale (bench/RESULTS-exporter.md, "One series for progress").
@@ -110,7 +110,7 @@ COUNTERS_SUM = "hangwatch_engine_counters_total"
 def resets_expr(range_text: str = "${range}") -> str:
     """A new process over a range, where the engine gives no start time: its counters going back.
 
-    One ``resets()`` of the sum of the counters (``hangwatch.verdict.counters_sum``), not one
+    One ``resets()`` of the sum of the counters (``hangwatch.exposition.counters_sum``), not one
     per counter: reading every counter over both ranges was the costliest rule of the group.
     tests/rules/test_signal_union.py checks that it sees the restarts the per-counter chain sees."""
     return f"resets({COUNTERS_SUM}[{range_text}])\n"
