@@ -26,8 +26,10 @@ PREFILL_PROGRESS = ("vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total
 
 
 def reading_after(server, earlier, interval_s=1.0, deadline_s=30):
-    """The first /metrics reading sent at least ``interval_s`` after ``earlier`` was."""
-    return server.wait_until(lambda p: p.at - earlier.at >= interval_s, deadline_s,
+    """The first /metrics reading sent at least ``interval_s`` after ``earlier`` was answered: a
+    page can take over a second to come back on a loaded machine, and a reading sent the moment
+    it did would see the same engine state (CI: 1.29 s apart by send time, 0 s by answer)."""
+    return server.wait_until(lambda p: p.at - earlier.done_at >= interval_s, deadline_s,
                              interval=0.05, what=f"a reading {interval_s} s later")
 
 
