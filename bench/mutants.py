@@ -3,6 +3,7 @@ tests that should catch it: once with the tests as they were (``--before DIR``: 
 tree at that commit whose code folders and docs/ link to this worktree), once with this tree's tests.
 
     python bench/mutants.py --before /tmp/tg-before [--only ID ...] > bench/RESULTS-mutants.md
+    python bench/mutants.py [--only ID ...]      # this tree's tests only: is every mutant still caught?
 
 Each mutant is applied to this worktree's file, the tests run (
 targeted files, ``-n 0``), and the file is restored whatever happens. The table says, per
@@ -164,7 +165,8 @@ def run(cwd: Path, tests: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--before", type=Path, required=True)
+    parser.add_argument("--before", type=Path, help="a copy of the tree with the old tests; without it, "
+                        "only this tree's tests run (the 'before' cell reads 'not run')")
     parser.add_argument("--only", nargs="*")
     args = parser.parse_args()
     print("| mutant | file | the mistake | before (main's tests) | after (this branch) |")
@@ -175,7 +177,7 @@ def main() -> None:
         path = ROOT / file
         original = apply(path, old, new)
         try:
-            before = run(args.before, tests)
+            before = run(args.before, tests) if args.before else "not run"
             # The tests this branch adds, alone first: does the mutant now have a second catcher?
             after = run(ROOT, added)
             if after == "survived":
