@@ -25,6 +25,8 @@ from pathlib import Path
 import requests
 import yaml
 
+from harness.files import private_file
+
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "vllm-a"   # the target name the helper's state queries use
 
@@ -159,9 +161,7 @@ class Webhook:
     def __init__(self, workdir: Path, *, target_url: str, container: str, recheck_interval: float,
                  recheck_timeout: float):
         self.workdir = workdir
-        self.token_file = workdir / "webhook-token"
-        self.token_file.write_text(secrets.token_urlsafe(24) + "\n")
-        self.token_file.chmod(0o600)
+        self.token_file = private_file(workdir / "webhook-token", secrets.token_urlsafe(24) + "\n")
         self.state_dir = workdir / "webhook-state"
         config = yaml.safe_load((REPO / "examples" / "webhook.yml").read_text())
         config.update({

@@ -18,6 +18,7 @@ from pathlib import Path
 import requests
 import yaml
 
+from harness.files import private_file
 from harness.processes import Process, start_server
 from harness.stack import EXAMPLES
 from harness.stack import Stack as Chain
@@ -64,9 +65,7 @@ class Stack:
         self.simulator = self._part(start_server(
             "simulator", [py, "-m", "hangwatch.simulator", "--listen", "127.0.0.1:0"],
             self.dir / "simulator.log", "/health", env=env))
-        token_file = self.dir / "hangwatch-token"
-        token_file.write_text(self.token + "\n")
-        token_file.chmod(0o600)
+        token_file = private_file(self.dir / "hangwatch-token", self.token + "\n")
         (self.dir / "webhook.yml").write_text(yaml.safe_dump(self.webhook_config(token_file)))
         self.webhook = self._part(start_server(
             "webhook", [py, "-m", "demo.nodocker", "--config", str(self.dir / "webhook.yml"), "--dry-run",

@@ -26,6 +26,7 @@ import yaml
 
 from hangwatch.rules.render import Settings, format_duration, render_file, shrunk
 
+from .files import private_file
 from .processes import REPO, Process, start_server
 from .receiver import Receiver
 from .wait import wait_until
@@ -214,9 +215,7 @@ class Stack:
         config.pop("global", None)  # the example's mail relay: nothing here sends mail
         token_file = self.token_file
         if token_file is None:
-            token_file = self.workdir / "token"
-            token_file.write_text(self.token + "\n")
-            token_file.chmod(0o600)
+            token_file = private_file(self.workdir / "token", self.token + "\n")
         # Deliver at once, regroup every second, never repeat within a test: a second
         # notification of one alert is a real event (it resolved and fired again).
         config["route"].update({"group_wait": "0s", "group_interval": "1s", "repeat_interval": "1h"})

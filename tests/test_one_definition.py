@@ -18,6 +18,7 @@ from hangwatch.reading import Reading
 from hangwatch.settings import ConfigError
 from hangwatch.target_options import TargetOptions
 from hangwatch.webhook import config as webhook_config
+from harness.files import private_file
 
 WEBHOOK_TARGET = {"name": "a", "container": "a", "url": "http://127.0.0.1:8000"}
 
@@ -33,9 +34,7 @@ def test_every_face_looks_modules_up_in_the_one_table():
 
 
 def test_the_exporter_and_the_webhook_read_a_target_into_the_same_type(tmp_path):
-    key = tmp_path / "key"
-    key.write_text("secret-key\n")
-    key.chmod(0o600)
+    key = private_file(tmp_path / "key", "secret-key\n")
     exporter = exporter_config({"targets": [{"url": "http://127.0.0.1:8000", "api_key_file": str(key),
                                              "probe": "embedding", "module": "fastchat_worker"}]}).targets[0]
     webhook = webhook_config.parse_config({"targets": [dict(WEBHOOK_TARGET, api_key_file=str(key), probe="embedding",

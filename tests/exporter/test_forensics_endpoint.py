@@ -8,7 +8,6 @@ import requests
 
 from hangwatch.exporter.config import ConfigError, exporter_config
 from hangwatch.simulator import Simulator
-from tests.exporter.test_probe_endpoint import start_exporter
 from tests.test_forensics_cli import marking_py_spy
 
 FAST = {"liveness_interval": "0.3s", "liveness_timeout": "0.5s", "liveness_budget": "3s"}
@@ -22,17 +21,8 @@ def sim():
 
 
 @pytest.fixture
-def exporter_with(request):
-    servers = []
-
-    def start(data):
-        server, url = start_exporter(exporter_config(data))
-        servers.append(server)
-        return url
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+def exporter_with(exporters):
+    return lambda data: exporters(exporter_config(data))[1]
 
 
 def ask(exporter, target):

@@ -19,25 +19,18 @@ import requests
 from hangwatch.exporter.config import ExporterConfig
 from hangwatch.exporter.httpserver import BoundedHTTPServer, Response, Route
 from hangwatch.simulator import Simulator
-from tests.exporter.test_probe_endpoint import start_exporter
 from tests.support.pages import Page, PageServer
 from tests.support.servers import ServerProcess
 from tests.test_reading import VLLM_TWO_ENGINES
 
 
 @pytest.fixture
-def exporter_with():
-    servers = []
-
+def exporter_with(exporters):
+    """``exporter_with(**config) -> (server, port)``."""
     def start(**config):
-        server, url = start_exporter(ExporterConfig(**config))
-        servers.append(server)
+        server, url = exporters(ExporterConfig(**config))
         return server, int(url.rsplit(":", 1)[1])
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    return start
 
 
 def exchange(port: int, data: bytes, timeout: float = 10.0) -> bytes:

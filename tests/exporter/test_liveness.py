@@ -16,7 +16,6 @@ import requests
 from hangwatch.cli import main as hangwatch_main
 from hangwatch.exporter.config import ConfigError, ExporterConfig, exporter_config
 from hangwatch.exporter.health import SharedChecks
-from hangwatch.exporter.server import make_server
 from hangwatch.liveness import Bounded, bounded_check, liveness, needed_budget, readiness
 from hangwatch.simulator import Simulator
 from tests.support.pages import Page, PageServer
@@ -35,18 +34,9 @@ def sim():
     simulator.stop()
 
 
-def start_exporter(config):
-    server = make_server("127.0.0.1:0", config)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-
 @pytest.fixture
-def exporter():
-    server, url = start_exporter(exporter_config(FAST))
-    yield url
-    server.shutdown()
-    server.server_close()
+def exporter(exporters):
+    return exporters(exporter_config(FAST))[1]
 
 
 def ask(exporter, endpoint, target, module=None):
@@ -200,9 +190,9 @@ def test_budget_too_small_to_reach_hung_is_a_config_error_naming_the_key():
 
 # -- not an open relay ---------------------------------------------------------------------------
 @pytest.mark.parametrize("endpoint", ["livez", "readyz"])
-def test_bad_and_forbidden_targets_are_refused_without_a_request(endpoint):
+def test_bad_and_forbidden_targets_are_refused_without_a_request(endpoint, exporters):
     backend = PageServer()
-    server, url = start_exporter(exporter_config(FAST | {"allow_targets": [backend.url]}))
+    _, url = exporters(exporter_config(FAST | {"allow_targets": [backend.url]}))
     elsewhere = backend.url.replace("127.0.0.1", "localhost")  # the same server, not on the list
     try:
         assert requests.get(f"{url}/{endpoint}", timeout=5).status_code == 400
@@ -213,8 +203,6 @@ def test_bad_and_forbidden_targets_are_refused_without_a_request(endpoint):
         assert ask(url, endpoint, backend.url)[0].status_code in (200, 503)  # allowed: checked
         assert backend.requests
     finally:
-        server.shutdown()
-        server.server_close()
         backend.stop()
 
 

@@ -24,7 +24,8 @@ import requests
 from hangwatch.exporter.config import ExporterConfig, exporter_config
 from hangwatch.reading import parse
 from hangwatch.settings import ConfigError
-from tests.exporter.test_probe_endpoint import probe, samples, start_exporter
+from harness.files import private_file
+from tests.exporter.test_probe_endpoint import probe, samples
 from tests.support.pages import Page, PageServer, closed_port
 from tests.test_reading import VLLM_TWO_ENGINES
 
@@ -45,18 +46,8 @@ def backend():
 
 
 @pytest.fixture
-def exporter_with():
-    servers = []
-
-    def start(**config):
-        server, url = start_exporter(ExporterConfig(**config))
-        servers.append(server)
-        return url
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+def exporter_with(exporters):
+    return lambda **config: exporters(ExporterConfig(**config))[1]
 
 
 # -- no open relay --------------------------------------------------------------------------------
@@ -112,9 +103,7 @@ class _HeaderRecorder:
 
 
 def test_probe_never_sends_credentials_from_netrc_or_cookies(exporter_with, tmp_path, monkeypatch):
-    netrc = tmp_path / "netrc"
-    netrc.write_text("machine 127.0.0.1 login admin password hunter2\n")
-    netrc.chmod(0o600)
+    netrc = private_file(tmp_path / "netrc", "machine 127.0.0.1 login admin password hunter2\n")
     monkeypatch.setenv("NETRC", str(netrc))  # requests sends these as Basic auth when it trusts the env
     recorder = _HeaderRecorder(VLLM_TWO_ENGINES.encode())
     try:

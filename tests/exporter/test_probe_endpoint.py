@@ -27,11 +27,8 @@ def start_exporter(config=ExporterConfig()):
 
 
 @pytest.fixture
-def exporter():
-    server, url = start_exporter()
-    yield url
-    server.shutdown()
-    server.server_close()
+def exporter(exporters):
+    return exporters()[1]
 
 
 def samples(text):

@@ -19,7 +19,7 @@ import requests
 
 from hangwatch.exporter.config import ConfigError, ExporterConfig, exporter_config, narrowed_probe
 from hangwatch.exporter.query import Asked, Refused, asked
-from tests.exporter.test_probe_endpoint import samples, start_exporter
+from tests.exporter.test_probe_endpoint import samples
 from tests.support.pages import PageServer
 from tests.test_hostile_backends import idle_vllm
 
@@ -56,18 +56,8 @@ def key_file(tmp_path):
 
 
 @pytest.fixture
-def exporter():
-    servers = []
-
-    def start(config: ExporterConfig) -> str:
-        server, url = start_exporter(config)
-        servers.append(server)
-        return url
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+def exporter(exporters):
+    return lambda config: exporters(config)[1]
 
 
 def port_of(url: str) -> int:

@@ -14,6 +14,7 @@ import threading
 import pytest
 import requests
 
+from harness.files import private_file
 from harness.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
 from tests.exporter.test_probe_endpoint import samples, start_exporter
 from tests.real.test_real_vllm_verdicts import hangwatch_check as run_check
@@ -52,9 +53,7 @@ def pooling():
 
 @pytest.fixture
 def key_file(tmp_path):
-    path = tmp_path / "vllm-key"
-    path.write_text(KEY + "\n")
-    path.chmod(0o600)
+    path = private_file(tmp_path / "vllm-key", KEY + "\n")
     return str(path)
 
 

@@ -26,6 +26,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.files import private_file
 from harness.ports import address_in_use, closed_port, free_port, listening_ports
 from harness.processes import start_server
 from harness.stack import hangwatch_command
@@ -144,9 +145,7 @@ def webhook_samples(url: str, name: str) -> dict[tuple, float]:
 def test_wedged_worker_is_restarted_once_through_alertmanager_and_the_webhook(fleet, container_worker, tmp_path):
     require_binary("prometheus")
     require_binary("prometheus-alertmanager")
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)  # the webhook refuses a token file others may read
+    token = private_file(tmp_path / "token", TOKEN + "\n")
     state_dir = tmp_path / "state"
     config = tmp_path / "webhook.yml"
     config.write_text(json.dumps({

@@ -14,6 +14,7 @@ import time
 import pytest
 import requests
 
+from harness.files import private_file
 from harness.processes import start_server
 from harness.stack import Stack, hangwatch_command
 from harness.vllm_server import VLLMServer, venv_path, venv_usable
@@ -41,9 +42,7 @@ def test_a_stall_restarts_only_the_target_that_opted_in(docker_client, backend_i
     require(venv_usable(), f"vLLM venv at {venv_path()} (make it with .ci/setup-vllm.sh)")
     require_binary("prometheus")
     require_binary("prometheus-alertmanager")
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)  # the webhook refuses a token file others may read
+    token = private_file(tmp_path / "token", TOKEN + "\n")
     state_dir = tmp_path / "state"
     server = VLLMServer(fault="decode_dead")
     opted = default = clients = webhook = stack = None

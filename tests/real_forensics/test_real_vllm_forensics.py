@@ -12,6 +12,7 @@ import time
 import pytest
 import requests
 
+from harness.files import private_file
 from harness.processes import REPO, start_server
 from harness.stack import HUNG, Stack, hangwatch_command
 from harness.vllm_server import proc_title
@@ -148,9 +149,7 @@ def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, dock
     place = tmp_path / "forensics-exporter.yml"
     place.write_text(json.dumps({"allow_targets": [server.url], "forensics": {"enabled": True},
                                  "liveness_interval": "1s", "liveness_timeout": "2s", "liveness_budget": "8s"}))
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)  # the webhook refuses a token file others may read
+    token = private_file(tmp_path / "token", TOKEN + "\n")
     state_dir = tmp_path / "state"
     load, forensics_place, webhook, stack = None, None, None, None
     try:

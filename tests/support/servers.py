@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness.files import private_file
 from harness.ports import free_port  # noqa: F401  (the tests that silence the log line take a port from here)
 from harness.processes import REPO
 from harness.wait import WaitTimeout, wait_until
@@ -25,9 +26,7 @@ TOKEN = "proc-token-0123456789-0123456789-abc"
 
 
 def webhook_config(tmp_path: Path, **extra) -> Path:
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", TOKEN + "\n")
     config = tmp_path / "webhook.yml"
     config.write_text(json.dumps({"token_file": str(token), "state_dir": str(tmp_path / "state"), "targets": [
         {"name": "vllm-a", "container": "vllm-a", "url": "http://127.0.0.1:9"}], **extra}))

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 import pytest
 import requests
 
+from harness.files import private_file
 from harness.ports import free_port  # noqa: F401  (sshd.py and the Alertmanager test import it here)
 from harness.processes import stop_popen
 from harness.wait import wait_until
@@ -165,9 +166,7 @@ def backend(docker_client, backend_image, tmp_path):
 
 def webhook_config(tmp_path: pathlib.Path, backends, *, state_dir=None, cooldown="15m", restarts=3,
                    interval="300ms", stop_timeout="5s", containers=None) -> pathlib.Path:
-    token = tmp_path / "token"
-    token.write_text(REAL_TOKEN + "\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", REAL_TOKEN + "\n")
     config = {
         "token_file": str(token), "state_dir": str(state_dir or tmp_path / "state"),
         "recheck": {"interval": interval, "timeout": "1s"}, "cooldown": cooldown,

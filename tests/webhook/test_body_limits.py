@@ -18,6 +18,7 @@ import requests
 
 from hangwatch.webhook.server import CONNECTION_LIMIT, MAX_BODY_BYTES, MAX_HEADER_BYTES
 from harness.alert_payloads import payload
+from harness.files import private_file
 
 from .flood import Watch, flood
 from .real_parts import WebhookProcess
@@ -29,9 +30,7 @@ HOLD_BOUND = 8 * MiB  # what all unauthenticated clients together may add to the
 
 @pytest.fixture
 def webhook(tmp_path):
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", TOKEN + "\n")
     spool = tmp_path / "spool"
     spool.mkdir()
     config = tmp_path / "webhook.yml"

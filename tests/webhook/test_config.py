@@ -9,6 +9,7 @@ import pytest
 
 from hangwatch.settings import duration as parse_duration
 from hangwatch.webhook.config import ConfigError, load_config, load_reset_token, load_token, parse_config
+from harness.files import private_file
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOOD_TARGET = "  - {name: vllm-a, container: vllm-a, url: 'http://127.0.0.1:8000'}\n"
@@ -96,9 +97,7 @@ ONE_TARGET = {"targets": [{"name": "a", "container": "a", "url": "http://h:1"}]}
 
 
 def test_token_from_file_then_env(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text(LONG + "\n")
-    token_file.chmod(0o600)  # a secret: the webhook refuses one others may read
+    token_file = private_file(tmp_path / "token", LONG + "\n")
     config = parse_config({"token_file": str(token_file), **ONE_TARGET})
     assert load_token(config, env={"HANGWATCH_WEBHOOK_TOKEN": "other" * 10}) == LONG
     config = parse_config(ONE_TARGET)
@@ -114,9 +113,7 @@ def test_token_from_file_then_env(tmp_path):
 @pytest.mark.parametrize("source", ["file", "env"])
 def test_a_token_shorter_than_32_characters_is_refused(tmp_path, source):
     short = "x" * 31
-    token_file = tmp_path / "token"
-    token_file.write_text(short)
-    token_file.chmod(0o600)  # a secret: the webhook refuses one others may read
+    token_file = private_file(tmp_path / "token", short)
     raw = {"token_file": str(token_file), **ONE_TARGET} if source == "file" else ONE_TARGET
     with pytest.raises(ConfigError, match="is 31 characters; at least 32 are required") as caught:
         load_token(parse_config(raw), env={"HANGWATCH_WEBHOOK_TOKEN": short})
@@ -150,10 +147,8 @@ def test_a_token_file_others_may_read_or_write_is_refused_naming_the_key(tmp_pat
 
 def test_a_separate_reset_token(tmp_path):
     token_file, reset_file = tmp_path / "token", tmp_path / "reset"
-    token_file.write_text(LONG)
-    token_file.chmod(0o600)  # a secret: the webhook refuses one others may read
-    reset_file.write_text(LONG + "-reset")
-    reset_file.chmod(0o600)  # a secret: the webhook refuses one others may read
+    private_file(token_file, LONG)
+    private_file(reset_file, LONG + "-reset")
     config = parse_config({"token_file": str(token_file), "reset_token_file": str(reset_file), **ONE_TARGET})
     assert config.reset_token_file == str(reset_file)
     assert load_reset_token(config, load_token(config)) == LONG + "-reset"
@@ -170,9 +165,7 @@ def test_a_separate_reset_token(tmp_path):
 
 
 def test_a_short_token_stops_the_webhook_before_it_binds(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text("guessable")
-    token_file.chmod(0o600)  # a secret: the webhook refuses one others may read
+    token_file = private_file(tmp_path / "token", "guessable")
     path = tmp_path / "webhook.yml"
     path.write_text(f"token_file: {token_file}\nstate_dir: {tmp_path / 'state'}\ntargets:\n" + GOOD_TARGET)
     done = subprocess.run([sys.executable, "-m", "hangwatch", "webhook", "--config", str(path), "--listen",

@@ -13,6 +13,7 @@ import pytest
 
 from hangwatch.webhook.config import ConfigError, parse_config
 from hangwatch.webhook.forensics import ask
+from harness.files import private_file
 
 from .conftest import Harness
 from .fakes import FakeRechecker, payload
@@ -169,8 +170,7 @@ def test_bad_forensics_config_names_the_key(tmp_path, raw, key):
 
 def test_no_api_key_or_token_reaches_the_incident_whatever_the_capture_answers(built, tmp_path):
     key = "sk-target-key-0123456789abcdef"
-    (tmp_path / "key").write_text(key)
-    (tmp_path / "key").chmod(0o600)  # the webhook refuses a key file others may read
+    private_file(tmp_path / "key", key)
     leaky = dict(CAPTURE, evidence=[f"pid 1: local api_key={key!r}", "header Bearer abcdefghijklmnop0123"])
     targets = [dict(TARGETS[0], api_key_file=str(tmp_path / "key")), TARGETS[1]]
     h = Harness(tmp_path / "state2", forensics=Capturer(leaky), targets=targets)

@@ -10,6 +10,7 @@ import pytest
 from hangwatch.webhook import hosts as hosts_module
 from hangwatch.webhook.config import ConfigError, load_config, parse_config
 from hangwatch.webhook.limits import allowance
+from harness.files import private_file
 
 from .certs import make_certs
 
@@ -189,9 +190,7 @@ def test_the_fleet_example_loads_with_its_tls_files_replaced(certs, tmp_path, mo
 
 
 def test_a_missing_tls_file_stops_the_webhook_before_it_binds(certs, tmp_path):
-    token = tmp_path / "token"
-    token.write_text("t0ken" * 8)
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", "t0ken" * 8)
     path = tmp_path / "webhook.yml"
     path.write_text(json.dumps({"token_file": str(token), "state_dir": str(tmp_path / "state"),
                                 "docker_hosts": {"gpu-2": {"url": "tcp://127.0.0.1:2376", "tls": dict(

@@ -18,6 +18,7 @@ import yaml
 
 from hangwatch.settings import ConfigError
 from hangwatch.webhook.config import load_config, parse_config
+from harness.files import private_file
 
 from . import certs as certs_module
 from .real_parts import REPO
@@ -109,9 +110,7 @@ def test_the_process_environment_is_what_load_config_reads(tmp_path, monkeypatch
 
 
 def test_plain_tcp_stops_the_webhook_exit_64_naming_the_key(tmp_path):
-    token = tmp_path / "token"
-    token.write_text("proc-token-0123456789-0123456789-abc\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", "proc-token-0123456789-0123456789-abc\n")
     config = tmp_path / "webhook.yml"
     config.write_text(json.dumps({"token_file": str(token), "state_dir": str(tmp_path / "state"),
                                   "targets": [target()]}))

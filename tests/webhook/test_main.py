@@ -7,14 +7,13 @@ import time
 import requests
 
 from hangwatch.webhook.server import CONNECTION_LIMIT
+from harness.files import private_file
 
 from .real_parts import WebhookProcess
 
 
 def test_webhook_process_serves_healthz_metrics_and_dry_run_then_stops(tmp_path):
-    token = tmp_path / "token"
-    token.write_text("proc-token-0123456789-0123456789-abc\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", "proc-token-0123456789-0123456789-abc\n")
     config = tmp_path / "webhook.yml"
     config.write_text(json.dumps({"token_file": str(token), "state_dir": str(tmp_path / "state"), "targets": [
         {"name": "vllm-a", "container": "vllm-a", "url": "http://127.0.0.1:9"}]}))
@@ -42,9 +41,7 @@ def threads_of(pid: int) -> int:
 
 def test_webhook_process_survives_slow_clients_and_stops_at_once_on_sigterm(tmp_path):
     """Before: 300 half-open connections held 300 threads for as long as the clients liked."""
-    token = tmp_path / "token"
-    token.write_text("proc-token-0123456789-0123456789-abc\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", "proc-token-0123456789-0123456789-abc\n")
     config = tmp_path / "webhook.yml"
     config.write_text(json.dumps({"token_file": str(token), "state_dir": str(tmp_path / "state"), "targets": [
         {"name": "vllm-a", "container": "vllm-a", "url": "http://127.0.0.1:9"}]}))

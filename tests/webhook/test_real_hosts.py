@@ -21,6 +21,8 @@ import uuid
 import pytest
 import requests
 
+from harness.files import private_file
+
 from .certs import make_certs
 from .real_parts import IMAGE, REAL_TOKEN, Backend, WebhookProcess, ledger, now_rfc3339, wait_for
 from .second_docker_host import SecondDockerHost
@@ -62,9 +64,7 @@ def pair(docker_client, backend_image, host_b, tmp_path):
 
 
 def start_webhook(tmp_path, certs, host_b, here, there) -> WebhookProcess:
-    token = tmp_path / "token"
-    token.write_text(REAL_TOKEN + "\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", REAL_TOKEN + "\n")
     config = {
         "token_file": str(token), "state_dir": str(tmp_path / "state"),
         "recheck": {"interval": "300ms", "timeout": "1s"},
@@ -208,9 +208,7 @@ def test_a_target_behind_ssh_is_restarted_through_the_sdks_ssh_transport(tmp_pat
     refuses the host (503, nothing restarted); with the right one, the hung container is
     restarted through SSH."""
     hung = backend("hung")
-    token = tmp_path / "token"
-    token.write_text(REAL_TOKEN + "\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", REAL_TOKEN + "\n")
     config = {"token_file": str(token), "state_dir": str(tmp_path / "state"),
               "recheck": {"interval": "300ms", "timeout": "1s"},
               "docker_hosts": {"box": {"url": ssh_server.url}},
@@ -258,9 +256,7 @@ def test_two_replicas_hold_the_group_limit_against_a_shared_incident(tmp_path, b
     a state_dir) gets the alert of a different one at the same moment: exactly one container
     is restarted, the other is left to people (group_limit), whichever replica decided it."""
     first, second = backend("hung"), backend("hung")
-    token = tmp_path / "token"
-    token.write_text(REAL_TOKEN + "\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", REAL_TOKEN + "\n")
     config = {"token_file": str(token), "state_dir": str(tmp_path / "state"),
               "recheck": {"interval": "300ms", "timeout": "1s"}, "group_limit": 1,
               "targets": [{"name": b.name, "container": b.name, "url": b.url, "stop_timeout": "5s",

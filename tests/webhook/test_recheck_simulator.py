@@ -14,6 +14,7 @@ import pytest
 
 from hangwatch.simulator import Simulator
 from hangwatch.webhook.app import create_app
+from harness.files import private_file
 
 from .conftest import make_config
 from .fakes import TOKEN, FakeClock, FakeRestarter, alert, iso, payload
@@ -29,9 +30,7 @@ def sim():
 @pytest.fixture
 def webhook(tmp_path, sim):
     """An app whose re-checker is the default (``check``): only Docker is faked."""
-    key = tmp_path / "api-key"
-    key.write_text("sim-key-0123456789\n")
-    key.chmod(0o600)
+    key = private_file(tmp_path / "api-key", "sim-key-0123456789\n")
     clock = FakeClock()
     restarter = FakeRestarter(clock, names=["vllm-a"])
     config = make_config(tmp_path / "state", recheck={"interval": "0.3s", "timeout": "1s"}, targets=[

@@ -20,6 +20,7 @@ import pytest
 
 from hangwatch.webhook.ledger import Ledger, LedgerError
 from hangwatch.webhook.statedir import StateDirError, fleet_lock, target_lock, write_incident
+from harness.files import private_file
 
 from .real_parts import REPO
 
@@ -154,9 +155,7 @@ def test_a_state_dir_owned_by_another_user_is_refused(tmp_path):
 
 
 def run_webhook(tmp_path, state_dir) -> subprocess.CompletedProcess:
-    token = tmp_path / "token"
-    token.write_text("proc-token-0123456789-0123456789-abc\n")
-    token.chmod(0o600)
+    token = private_file(tmp_path / "token", "proc-token-0123456789-0123456789-abc\n")
     config = tmp_path / "webhook.yml"
     config.write_text(json.dumps({"token_file": str(token), "state_dir": str(state_dir), "targets": [
         {"name": "vllm-a", "container": "vllm-a", "url": "http://127.0.0.1:9"}]}))
