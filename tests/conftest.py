@@ -8,8 +8,18 @@ is reported as failed, naming the skip's reason — unless the test carries
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.require import in_ci
+
+pytest_plugins = ["tests.support.exporters"]  # the `exporters` fixture, for every test folder
+
+# Property tests judge the code, not the machine: on two loaded cores (xdist workers beside a
+# real server) Hypothesis' too_slow health check and per-example deadline can fail a correct
+# test. A test's own @settings still adds to this; print_blob makes any failure replayable.
+settings.register_profile("hangwatch", deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("hangwatch")
 
 
 def _allowed(item) -> bool:

@@ -1,5 +1,6 @@
 """One way to run exporters in a test: each on port 0 on its own thread, all stopped at teardown
-whatever the test did (so a failed assertion never leaves a server holding a port or a thread)."""
+whatever the test did (so a failed assertion never leaves a server holding a port or a thread).
+A plugin (tests/conftest.py names it), so the fixture is there for every test folder."""
 from __future__ import annotations
 
 import pytest
