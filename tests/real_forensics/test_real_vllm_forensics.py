@@ -118,7 +118,10 @@ def signature_reaches_people(stack, server, signature: str) -> str:
     scraped_after = time.monotonic() - began
     dashboard = json.loads((REPO / "grafana" / "dashboards" / "hangwatch.json").read_text())
     (annotation,) = [a for a in dashboard["annotations"]["list"] if a["name"] == "hangwatch restart"]
-    marks = stack.query(annotation["target"]["expr"])
+    # The signature series is set before Docker is called, the restart counter the annotation joins
+    # after Docker answers: a scrape between the two holds the first alone. Wait for both.
+    marks = wait_until(lambda: stack.query(annotation["target"]["expr"]), 30,
+                       "the restart annotation (the restart counter scraped too)", interval=0.5)
     assert [(m["metric"]["target"], m["metric"].get("signature")) for m in marks] == [("vllm-a", signature)], marks
     os.remove(server.wedge_trigger)  # the restarted vLLM serves again
     restart_began = time.time()
