@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 
 import pytest
 import requests
 
 from hangwatch.exporter.config import ConfigError, exporter_config
-from hangwatch.exporter.server import make_server
 from hangwatch.liveness import RESTART_WINDOW, StartupClock, StartupDeadline
 from harness.ports import closed_port
 from harness.wait import wait_until
+from tests.exporter.test_probe_endpoint import start_exporter
 
 FAST = {"liveness_interval": "300ms", "liveness_timeout": "300ms", "liveness_budget": "1500ms"}
 
@@ -87,11 +86,6 @@ def test_after_the_restart_window_a_server_still_down_gets_a_new_deadline():
     assert startup.overdue("a", "down") is not None
 
 
-def serve(config):
-    server = make_server("127.0.0.1:0", config)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
-
 
 def ask(url, endpoint, target):
     return requests.get(f"{url}/{endpoint}", params={"target": target}, timeout=10)
@@ -102,7 +96,7 @@ def test_a_server_still_loading_past_the_deadline_is_not_ready_and_fails_livenes
     target = f"http://127.0.0.1:{closed_port()}"  # port closed: what vLLM looks like while it loads
     config = exporter_config(FAST | {"allow_targets": [target],
                                      "startup_deadline": {"after": "1s", "fails_liveness": fails_liveness}})
-    server, url = serve(config)
+    server, url = start_exporter(config)
     try:
         live, ready = ask(url, "livez", target), ask(url, "readyz", target)
         assert (live.status_code, ready.status_code) == (200, 503)  # loading: alive, not ready
@@ -122,7 +116,7 @@ def test_a_server_still_loading_past_the_deadline_is_not_ready_and_fails_livenes
 
 def test_without_a_startup_deadline_loading_is_alive_however_long():
     target = f"http://127.0.0.1:{closed_port()}"
-    server, url = serve(exporter_config(FAST | {"allow_targets": [target]}))
+    server, url = start_exporter(exporter_config(FAST | {"allow_targets": [target]}))
     try:
         assert ask(url, "livez", target).status_code == 200
         assert "startup_deadline" not in ask(url, "readyz", target).json()["why"]
