@@ -87,6 +87,14 @@ def first_positive_sample(stack: Stack, selector: str) -> float | None:
     return None
 
 
+def held(stack: Stack, state: str) -> bool:
+    """Has ``state`` been the target's state at every rule evaluation for more than one step of
+    the range queries below? The rules run every fifth of a scrape, so a state that lasts one
+    scrape can fall between two steps of SCRAPE; held this long, every panel shows it."""
+    window = f"{2 * SCRAPE + 1:g}s"
+    return bool(stack.query(f'min_over_time(target:hangwatch_backend_state:current{{state="{state}"}}[{window}]) == 1'))
+
+
 @pytest.fixture(scope="module")
 def run():
     """The chain after idle, busy, a hang (restart decided, dry-run) and a late alert (skipped)."""
@@ -98,14 +106,17 @@ def run():
             wait_until(lambda: stack.query('target:hangwatch_backend_state:current{state="idle"} == 1'),
                        30, "the idle state")
             wait_until(lambda: stack.query("hangwatch_probe_duration_seconds"), 20, "an idle probe reading")
+            wait_until(lambda: held(stack, "idle"), 30, "the idle state held for more than one step")
             stack.drive("busy", n=3)
             wait_until(lambda: stack.query('target:hangwatch_backend_state:current{state="busy"} == 1'),
                        30, "the busy state")
             wait_until(lambda: stack.query('sum_over_time(target:hangwatch_backend_state:current{state="busy"}[1m]) >= 3'),
                        10 * SCRAPE, "three busy readings in Prometheus")
+            wait_until(lambda: held(stack, "busy"), 30, "the busy state held for more than one step")
             stack.drive("frozen")
             wait_until(lambda: stack.webhook_metric("hangwatch_webhook_decisions_total", action="restart"),
                        90, "the webhook's restart decision")
+            wait_until(lambda: held(stack, "hung"), 30, "the hung state held for more than one step")
             # The backend recovers; an alert about it arrives late: the webhook re-checks and skips.
             stack.drive("busy", n=2)
             now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
