@@ -27,7 +27,7 @@ import requests
 
 from hangwatch.exporter.loopfetch import LoopClient
 from hangwatch.fetch import OK, TIMEOUT, UNREACHABLE, Client, Deadline
-from tests.exporter.test_probe_endpoint import samples, start_exporter
+from tests.exporter.test_probe_endpoint import samples
 from tests.support.hostile import SocketServer
 
 CAP = 96 * 1024 * 1024  # the most a hostile server sends before it gives up (main read all of it)
@@ -172,18 +172,14 @@ class EndlessOnce(SocketServer):
                 pass
 
 
-def test_the_exporter_reads_an_endless_trailer_as_a_blind_page_in_bounded_memory(endless):
+def test_the_exporter_reads_an_endless_trailer_as_a_blind_page_in_bounded_memory(endless, exporters):
     """The busy-backend path (/metrics of an IP, read on the loop): the probe is answered at
     once, the page is unusable (``metrics_available 0``), and memory does not follow the backend."""
     server = endless(ENDLESS["trailer line"])
-    exporter, url = start_exporter()
-    try:
-        started = time.monotonic()
-        answer, peak = peak_while(lambda: requests.get(url + "/probe", params={"target": server.url}, timeout=30))
-        elapsed = time.monotonic() - started
-    finally:
-        exporter.shutdown()
-        exporter.server_close()
+    _, url = exporters()
+    started = time.monotonic()
+    answer, peak = peak_while(lambda: requests.get(url + "/probe", params={"target": server.url}, timeout=30))
+    elapsed = time.monotonic() - started
     assert answer.status_code == 200, answer.text
     got = samples(answer.text)
     assert got[("hangwatch_metrics_available", ())] == 0
@@ -314,14 +310,10 @@ def test_an_invalid_host_name_is_a_failed_reading_with_a_reason(name):
 
 
 @pytest.mark.parametrize("name", BAD_NAMES[:2], ids=["64-char-label", "empty-label"])
-def test_the_exporter_reads_an_invalid_host_name_as_down(name):
-    exporter, url = start_exporter()
-    try:
-        answer = requests.get(url + "/probe", params={"target": f"http://{name}:8000"}, timeout=30)
-        health = requests.get(url + "/livez", params={"target": f"http://{name}:8000"}, timeout=30)
-    finally:
-        exporter.shutdown()
-        exporter.server_close()
+def test_the_exporter_reads_an_invalid_host_name_as_down(name, exporters):
+    _, url = exporters()
+    answer = requests.get(url + "/probe", params={"target": f"http://{name}:8000"}, timeout=30)
+    health = requests.get(url + "/livez", params={"target": f"http://{name}:8000"}, timeout=30)
     assert answer.status_code == 200, answer.text
     assert samples(answer.text)[("hangwatch_up", ())] == 0
     assert health.status_code == 200 and health.json()["verdict"] == "down", health.text

@@ -17,7 +17,7 @@ import pytest
 from hangwatch.check import check
 from hangwatch.fetch import OK, TIMEOUT, Client, Deadline
 from harness.wait import wait_until
-from tests.exporter.test_probe_endpoint import probe, samples, start_exporter
+from tests.exporter.test_probe_endpoint import probe, samples
 from tests.support.hostile import HostileServer
 from tests.support.pages import Page, PageServer
 
@@ -110,16 +110,12 @@ def test_check_never_waits_longer_than_its_timeout_per_reading_on_a_dripping_ser
     assert took < (2 * 1.0 + 0.2) * ENDS_WITHIN + 5.0, f"two 1 s readings took {took:.1f}s (process start included)"
 
 
-def test_probe_answers_within_the_scrape_budget_when_the_backend_drips(hostile):
+def test_probe_answers_within_the_scrape_budget_when_the_backend_drips(hostile, exporters):
     server = hostile({"/metrics": "ok", "/v1/models": "drip_body"}, body=IDLE_PAGE, gap=0.1)
-    exporter, url = start_exporter()
-    try:
-        started = time.monotonic()
-        answer = probe(url, server.url, **{"X-Prometheus-Scrape-Timeout-Seconds": "2"})
-        took = time.monotonic() - started
-    finally:
-        exporter.shutdown()
-        exporter.server_close()
+    _, url = exporters()
+    started = time.monotonic()
+    answer = probe(url, server.url, **{"X-Prometheus-Scrape-Timeout-Seconds": "2"})
+    took = time.monotonic() - started
     got = samples(answer.text)
     assert answer.status_code == 200 and took < 2.0 * ENDS_WITHIN, f"/probe with a 2 s scrape timeout took {took:.2f}s"
     assert got[("hangwatch_probe_failed", ())] == 1 and got[("hangwatch_probe_rejected", ())] == 0
@@ -242,19 +238,15 @@ def test_probe_none_sends_nothing_but_the_metrics_read(backend):
     assert {p for _, p, _, _ in backend.sent} == {"/metrics"}
 
 
-def test_exporter_sends_the_configured_key_and_probe_kind_per_target(backend, tmp_path):
+def test_exporter_sends_the_configured_key_and_probe_kind_per_target(backend, tmp_path, exporters):
     from hangwatch.exporter.config import exporter_config
     idle_vllm(backend)
     (tmp_path / "key").write_text("sk-exporter-0123456789\n")
     config = exporter_config({"targets": [{"url": backend.url, "api_key_file": str(tmp_path / "key"),
                                            "probe": "embedding"}]})
-    server, url = start_exporter(config)
-    try:
-        got = samples(probe(url, backend.url).text)
-        other = probe(url, backend.url.replace("127.0.0.1", "localhost"))  # not configured: no key
-    finally:
-        server.shutdown()
-        server.server_close()
+    _, url = exporters(config)
+    got = samples(probe(url, backend.url).text)
+    other = probe(url, backend.url.replace("127.0.0.1", "localhost"))  # not configured: no key
     assert got[("hangwatch_probe_success", ())] == 1 and got[("hangwatch_probe_rejected", ())] == 0
     paths = [(p, auth) for _, p, _, auth in backend.sent]
     assert ("/v1/embeddings", "Bearer sk-exporter-0123456789") in paths
@@ -262,14 +254,10 @@ def test_exporter_sends_the_configured_key_and_probe_kind_per_target(backend, tm
     assert "sk-exporter" not in other.text
 
 
-def test_exporter_exposes_a_rejected_probe_and_not_a_failed_one(backend):
+def test_exporter_exposes_a_rejected_probe_and_not_a_failed_one(backend, exporters):
     idle_vllm(backend, models=401)
-    server, url = start_exporter()
-    try:
-        got = samples(probe(url, backend.url).text)
-    finally:
-        server.shutdown()
-        server.server_close()
+    _, url = exporters()
+    got = samples(probe(url, backend.url).text)
     assert got[("hangwatch_probe_rejected", ())] == 1
     assert got[("hangwatch_probe_failed", ())] == 0
     assert got[("hangwatch_probe_success", ())] == 0

@@ -13,7 +13,7 @@ import requests
 
 from hangwatch.check import check
 from hangwatch.simulator import Simulator
-from tests.exporter.test_probe_endpoint import samples, start_exporter
+from tests.exporter.test_probe_endpoint import samples
 
 KEY = "sk-sim-0123456789abcdef0123"
 
@@ -57,16 +57,11 @@ def test_frozen_at_idle_is_hung_with_the_key_and_not_without(keyed):
     assert (without.verdict.state, without.exit_code) == ("idle", 0)
 
 
-def test_the_exporters_default_key_reaches_the_probe(keyed, tmp_path):
+def test_the_exporters_default_key_reaches_the_probe(keyed, tmp_path, exporters):
     from hangwatch.exporter.config import exporter_config
     (tmp_path / "key").write_text(KEY)
-    server, url = start_exporter(exporter_config({"api_key_file": str(tmp_path / "key"),
-                                                  "allow_targets": [keyed.url]}))
-    try:
-        got = samples(requests.get(url + "/probe", params={"target": keyed.url}, timeout=10).text)
-    finally:
-        server.shutdown()
-        server.server_close()
+    _, url = exporters(exporter_config({"api_key_file": str(tmp_path / "key"), "allow_targets": [keyed.url]}))
+    got = samples(requests.get(url + "/probe", params={"target": keyed.url}, timeout=10).text)
     assert got[("hangwatch_probe_success", ())] == 1 and got[("hangwatch_probe_rejected", ())] == 0
     assert keyed.inference_requests == 1
 

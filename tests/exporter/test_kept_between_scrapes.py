@@ -3,16 +3,16 @@ the engine's version per process start (idle connections are hangwatch.fetch.Cli
 from __future__ import annotations
 
 from hangwatch.exporter.reuse import VersionCache
-from tests.exporter.test_probe_endpoint import probe, samples, start_exporter
+from tests.exporter.test_probe_endpoint import probe, samples
 from tests.support.pages import Page, PageServer
 from tests.test_reading import VLLM_TWO_ENGINES
 
 RESTARTED = VLLM_TWO_ENGINES.replace("1.764468e+09", "1.764469e+09")
 
 
-def test_the_version_is_asked_once_per_process_start():
+def test_the_version_is_asked_once_per_process_start(exporters):
     backend = PageServer()
-    server, url = start_exporter()
+    _, url = exporters()
     try:
         backend.pages["/metrics"] = Page(VLLM_TWO_ENGINES.encode())
         backend.pages["/version"] = Page(b'{"version":"0.32.0"}', content_type="application/json")
@@ -29,8 +29,6 @@ def test_the_version_is_asked_once_per_process_start():
         assert got[("hangwatch_backend_info", (("engine", "vllm"), ("models", "tiny"), ("module", "backend"),
                                                ("version", "0.33.0")))] == 1
     finally:
-        server.shutdown()
-        server.server_close()
         backend.stop()
 
 

@@ -86,7 +86,6 @@ def test_after_the_restart_window_a_server_still_down_gets_a_new_deadline():
     assert startup.overdue("a", "down") is not None
 
 
-
 def ask(url, endpoint, target):
     return requests.get(f"{url}/{endpoint}", params={"target": target}, timeout=10)
 

@@ -16,7 +16,7 @@ import requests
 
 from harness.files import private_file
 from harness.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
-from tests.exporter.test_probe_endpoint import samples, start_exporter
+from tests.exporter.test_probe_endpoint import samples
 from tests.real.test_real_vllm_verdicts import hangwatch_check as run_check
 from tests.support.require import require
 
@@ -103,14 +103,10 @@ def test_keyed_idle_server_without_the_key_is_never_hung_and_says_why(keyed):
         assert "API key" in result["reason"]
 
 
-def test_keyed_server_without_the_key_is_exported_as_rejected_not_failed(keyed):
+def test_keyed_server_without_the_key_is_exported_as_rejected_not_failed(keyed, exporters):
     keyed.wait_idle(60)
-    exporter, url = start_exporter()
-    try:
-        answer = requests.get(url + "/probe", params={"target": keyed.url}, timeout=30)
-    finally:
-        exporter.shutdown()
-        exporter.server_close()
+    _, url = exporters()
+    answer = requests.get(url + "/probe", params={"target": keyed.url}, timeout=30)
     got = samples(answer.text)
     assert got[("hangwatch_probe_rejected", ())] == 1
     assert got[("hangwatch_probe_failed", ())] == 0
