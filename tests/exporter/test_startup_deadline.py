@@ -18,7 +18,6 @@ from hangwatch.exporter.config import ConfigError, exporter_config
 from hangwatch.liveness import RESTART_WINDOW, StartupClock, StartupDeadline
 from harness.ports import closed_port
 from harness.wait import wait_until
-from tests.exporter.test_probe_endpoint import start_exporter
 
 FAST = {"liveness_interval": "300ms", "liveness_timeout": "300ms", "liveness_budget": "1500ms"}
 
@@ -91,34 +90,26 @@ def ask(url, endpoint, target):
 
 
 @pytest.mark.parametrize("fails_liveness", [False, True])
-def test_a_server_still_loading_past_the_deadline_is_not_ready_and_fails_liveness_only_by_opt_in(fails_liveness):
+def test_a_server_still_loading_past_the_deadline_is_not_ready_and_fails_liveness_only_by_opt_in(fails_liveness, exporters):
     target = f"http://127.0.0.1:{closed_port()}"  # port closed: what vLLM looks like while it loads
     config = exporter_config(FAST | {"allow_targets": [target],
                                      "startup_deadline": {"after": "1s", "fails_liveness": fails_liveness}})
-    server, url = start_exporter(config)
-    try:
-        live, ready = ask(url, "livez", target), ask(url, "readyz", target)
-        assert (live.status_code, ready.status_code) == (200, 503)  # loading: alive, not ready
-        assert live.json()["verdict"] == "down" and "startup_deadline" not in ready.json()["why"]
-        def past() -> tuple[requests.Response] | None:
-            answer = ask(url, "readyz", target)  # in a tuple: a Response with an error status is falsy
-            return (answer,) if "past startup_deadline" in answer.json()["why"] else None
-        ready, = wait_until(past, 10, "/readyz to report the startup deadline passed")
-        assert ready.status_code == 503 and ready.json()["verdict"] == "down"
-        live = ask(url, "livez", target)
-        assert live.status_code == (503 if fails_liveness else 200)
-        assert "past startup_deadline" in live.json()["why"]
-    finally:
-        server.shutdown()
-        server.server_close()
+    _, url = exporters(config)
+    live, ready = ask(url, "livez", target), ask(url, "readyz", target)
+    assert (live.status_code, ready.status_code) == (200, 503)  # loading: alive, not ready
+    assert live.json()["verdict"] == "down" and "startup_deadline" not in ready.json()["why"]
+    def past() -> tuple[requests.Response] | None:
+        answer = ask(url, "readyz", target)  # in a tuple: a Response with an error status is falsy
+        return (answer,) if "past startup_deadline" in answer.json()["why"] else None
+    ready, = wait_until(past, 10, "/readyz to report the startup deadline passed")
+    assert ready.status_code == 503 and ready.json()["verdict"] == "down"
+    live = ask(url, "livez", target)
+    assert live.status_code == (503 if fails_liveness else 200)
+    assert "past startup_deadline" in live.json()["why"]
 
 
-def test_without_a_startup_deadline_loading_is_alive_however_long():
+def test_without_a_startup_deadline_loading_is_alive_however_long(exporters):
     target = f"http://127.0.0.1:{closed_port()}"
-    server, url = start_exporter(exporter_config(FAST | {"allow_targets": [target]}))
-    try:
-        assert ask(url, "livez", target).status_code == 200
-        assert "startup_deadline" not in ask(url, "readyz", target).json()["why"]
-    finally:
-        server.shutdown()
-        server.server_close()
+    _, url = exporters(exporter_config(FAST | {"allow_targets": [target]}))
+    assert ask(url, "livez", target).status_code == 200
+    assert "startup_deadline" not in ask(url, "readyz", target).json()["why"]
