@@ -41,6 +41,22 @@ CHAT_TEMPLATE = (
 )
 
 
+def serving_dtype(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The ``--dtype`` the test servers run: bfloat16, except on a CPU that offers AMX tiles.
+    There vLLM 0.32 picks its AMX attention kernel for bfloat16, and on an Intel Xeon VM here
+    whose cpuid offers AMX the worker died of SIGILL (exit -4) at the first request; float32
+    takes the vector kernel every x86 machine runs. ``HANGWATCH_VLLM_DTYPE`` overrides."""
+    chosen = os.environ.get("HANGWATCH_VLLM_DTYPE")
+    if chosen:
+        return chosen
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return "float32" if "amx_tile" in flags else "bfloat16"
+
+
 def vocab() -> dict[str, int]:
     tokens = SPECIALS + CHARS + COMMON + [f"w{i}" for i in range(N_WORDS)]
     assert len(tokens) == VOCAB_SIZE, len(tokens)

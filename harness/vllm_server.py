@@ -441,7 +441,7 @@ class VLLMServer:
         head = self.command or [self.python, "-m", self.module]
         return head + [
             "--model", self.model_dir, "--served-model-name", MODEL_NAME,
-            "--load-format", "dummy", "--dtype", "bfloat16",
+            "--load-format", "dummy", "--dtype", tinymodel.serving_dtype(),
             "--max-model-len", str(self.max_model_len),
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--host", "127.0.0.1", "--port", str(self.port),
