@@ -128,6 +128,8 @@ def url_problem(value: Any, *, allow_path: bool = False) -> str | None:
         return "must not carry credentials (user:password@)"
     if parts.query or parts.fragment or "?" in value or "#" in value:
         return "must not carry a query or a fragment"
+    if "v1" in parts.path.split("/"):  # the OpenAI base URL, the most common paste
+        return "is an OpenAI API URL: use the server's base URL, without /v1 (hangwatch finds /metrics and /v1 itself)"
     if parts.path.strip("/") and not allow_path:
         return "must be http(s)://HOST[:PORT] without a path"
     if port == 0:

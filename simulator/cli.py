@@ -7,14 +7,14 @@ thread while the server answers; a bad scenario fails at start-up with exit 64, 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import signal
 import sys
 import threading
 
-from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address, not_utf8, parse_yaml, secret_file
+from hangwatch.flags import Parser, listen
+from hangwatch.settings import EXIT_CONFIG, ConfigError, not_utf8, parse_yaml, secret_file
 
 from .engine import VLLM_VERSION
 from .server import STATES, Simulator
@@ -79,13 +79,6 @@ def run_scenario(sim: Simulator, steps: list[dict], stop: threading.Event,
             return
 
 
-def _parse_listen(value: str) -> tuple[str, int]:
-    try:
-        return listen_address(value)
-    except ConfigError as exc:  # argparse names the flag itself
-        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
-
-
 def check_steps(steps: list[dict], spec: str) -> None:
     """Every step names a known state or action, and ``for`` is seconds: a typo fails at start-up,
     not in the scenario's thread minutes later."""
@@ -103,20 +96,13 @@ def check_steps(steps: list[dict], spec: str) -> None:
 EXIT_CODES = "exit codes: 0 stopped by SIGTERM or SIGINT; 64 bad usage, scenario or address"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # bad usage: one line and exit 64, as every hangwatch command
-        sys.stderr.write(f"hangwatch simulate: {message} (see --help)\n")
-        raise SystemExit(EXIT_CONFIG)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="hangwatch simulate", formatter_class=argparse.RawDescriptionHelpFormatter,
-                     description="A fake vLLM 0.32 server for demos and tests, driven into any state hangwatch "
-                                 "judges\n(POST /_sim/state {\"state\": \"frozen\"}; also python -m hangwatch.simulator).",
-                     epilog=EXIT_CODES)
-    parser.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 8000), metavar="HOST:PORT",
+    parser = Parser(prog="hangwatch simulate", epilog=EXIT_CODES,
+                    description="A fake vLLM 0.32 server for demos and tests, driven into any state hangwatch "
+                                "judges\n(POST /_sim/state {\"state\": \"frozen\"}; also python -m hangwatch.simulator).")
+    parser.add_argument("--listen", type=listen, default=("127.0.0.1", 8000), metavar="HOST:PORT",
                         help="where to listen: HOST:PORT or :PORT (default 127.0.0.1:8000; 0.0.0.0:8000 in a container)")
-    parser.add_argument("--control-listen", type=_parse_listen, default=None, metavar="HOST:PORT",
+    parser.add_argument("--control-listen", type=listen, default=None, metavar="HOST:PORT",
                         help="also serve /_sim/state on this address, apart from the simulated server: it answers "
                              "in every state, dead included (default: on --listen only)")
     parser.add_argument("--model", default="tiny-llama", help="served model name")

@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from harness.processes import REPO
+from harness import REPO
 from tests.support.hostile import HostileServer
 from tests.support.servers import LISTENING, ServerProcess, webhook_config
 

@@ -13,9 +13,9 @@ import time
 import pytest
 import requests
 
+from hangwatch.demo.processes import Process
+from hangwatch.demo.wait import wait_until as support_wait_until
 from hangwatch.simulator import CONTENT_TYPE_METRICS, Simulator, main  # noqa: F401
-from harness.processes import Process
-from harness.wait import wait_until as support_wait_until
 from tests.sim_fixtures import CAPTURES, sample, scrape, shape, vllm_lines, wait_until
 
 # capture file -> (simulator state, state parameters, multiprocess)
@@ -459,7 +459,7 @@ def test_the_controls_answer_in_every_state_unresponsive_and_dead_included(tmp_p
     """``/_sim/state`` is not the simulated server: an unresponsive server's controls still answer on
     its own port (before, they were held with everything else: the only way out was a kill), and a
     dead one's on the control port (``--control-listen``), which a kill never closes."""
-    from harness.stack import hangwatch_command
+    from hangwatch.demo.chain import hangwatch_command
     proc = Process("simulator", [*hangwatch_command(), "simulate", "--listen", "127.0.0.1:0",
                                  "--control-listen", "127.0.0.1:0"], tmp_path / "simulator.log").start()
     try:
