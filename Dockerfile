@@ -38,6 +38,8 @@ COPY webhook ./webhook
 COPY simulator ./simulator
 COPY rules ./rules
 COPY grafana/dashboards ./grafana/dashboards
+COPY demo ./demo
+COPY examples ./examples
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # 3. The image: the user, the dependencies' layer, then the small layer a code change makes.

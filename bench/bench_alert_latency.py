@@ -17,9 +17,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hangwatch.demo.wait import wait_until  # noqa: E402
 from hangwatch.rules.render import Settings, parse_interval, readings_windows, rule_groups  # noqa: E402
 from harness.stack import Stack  # noqa: E402
-from harness.wait import wait_until  # noqa: E402
 
 
 def shipped_windows(scrape_interval: float) -> dict[str, float]:

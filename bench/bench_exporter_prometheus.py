@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from processes import Exporter, Fleet, raise_fd_limit  # noqa: E402
 from procstat import loadavg, sample  # noqa: E402
 
+from hangwatch.demo.processes import Process  # noqa: E402
 from harness.ports import free_port  # noqa: E402
-from harness.processes import Process  # noqa: E402
 
 RULES = sorted((ROOT / "rules").glob("*.yml"))
 TOP_RULES = 6  # per group, the rules printed with their evaluation times (--top-rules)

@@ -19,9 +19,9 @@ import urllib.request
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hangwatch.demo.receiver import Receiver  # noqa: E402
 from harness.alert_payloads import alert_labels, annotations, generator_url, payload  # noqa: E402
 from harness.ports import free_port  # noqa: E402
-from harness.receiver import Receiver  # noqa: E402
 
 
 def measure(count: int, binary: str) -> bytes:

@@ -25,7 +25,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from harness.files import private_file
+from hangwatch.demo.files import private_file
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "vllm-a"   # the target name the helper's state queries use

@@ -8,7 +8,7 @@ through its control endpoint. Everything else — token, payload, triage, re-che
 budget, ledger, decision log lines, /metrics, the server and its SIGTERM handling
 (``server.serve``) — is the real webhook.
 
-    python -m demo.nodocker --config webhook.yml --listen 127.0.0.1:9878 --dry-run \\
+    python -m hangwatch.demo.nodocker --config webhook.yml --listen 127.0.0.1:9878 --dry-run \\
         --container vllm-sim=http://127.0.0.1:8000
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _container(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m demo.nodocker")
+    parser = argparse.ArgumentParser(prog="python -m hangwatch.demo.nodocker")
     parser.add_argument("--config", required=True)
     parser.add_argument("--listen", default="127.0.0.1:9878")
     parser.add_argument("--dry-run", action="store_true")

@@ -1,6 +1,6 @@
-"""``python -m demo``: watch hangwatch leave a busy server alone and catch a hung one.
+"""``hangwatch demo``: watch hangwatch leave a busy server alone and catch a hung one.
 
-Starts the chain (``demo.stack``), then:
+Starts the chain (``stack``), then:
 
 1. idle  — nothing in flight: the exporter's 1-token probe is the only request the server gets;
 2. busy  — three requests decoding: the exporter sends no probe, no alert fires;
@@ -15,7 +15,6 @@ Alertmanager installed, the demo does their job in a few lines of Python and say
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
@@ -23,9 +22,10 @@ from datetime import datetime, timezone
 
 import requests
 
-from harness.wait import wait_until
+from hangwatch.flags import Parser, seconds
 
 from .stack import CONTAINER, TARGET, Stack
+from .wait import wait_until
 
 HUNG = "HangwatchBackendHung"
 # A part that is busy or between two answers: the wait goes on (it has a deadline).
@@ -265,12 +265,22 @@ def run(stack: Stack, idle_seconds: float, busy_seconds: float, hang_timeout: fl
     return all(ok for _, ok in checks)
 
 
+EXIT_CODES = "exit codes: 0 the demo passed; 1 it failed (the summary says which promise); 64 bad usage; 130 interrupted."
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scrape-interval", type=float, default=2.0, help="seconds (default 2; the rules are rendered for it)")
-    parser.add_argument("--idle", type=float, default=6.0, help="seconds of idle (default 6)")
-    parser.add_argument("--busy", type=float, default=20.0, help="seconds of busy (default 20)")
-    parser.add_argument("--hang-timeout", type=float, default=120.0, help="seconds to wait for the decision")
+    parser = Parser(prog="hangwatch demo", epilog=EXIT_CODES,
+                    description="The whole chain on this machine, no Docker, no GPU: a simulated vLLM, the exporter,\n"
+                                "Prometheus and Alertmanager when installed, the webhook in dry-run. A busy phase gets\n"
+                                "no probe and no alert; a hang gets one (dry-run) restart decision.")
+    parser.add_argument("--scrape-interval", type=seconds(low=0.5, high=60), default=2.0, metavar="DURATION",
+                        help="e.g. 2s; a bare number is seconds (default 2s; the rules are rendered for it)")
+    parser.add_argument("--idle", type=seconds(high=3600), default=6.0, metavar="DURATION",
+                        help="how long the idle phase lasts (default 6s)")
+    parser.add_argument("--busy", type=seconds(high=3600), default=20.0, metavar="DURATION",
+                        help="how long the busy phase lasts (default 20s)")
+    parser.add_argument("--hang-timeout", type=seconds(above=True, high=3600), default=120.0, metavar="DURATION",
+                        help="how long to wait for the restart decision (default 120s)")
     parser.add_argument("--no-prometheus", action="store_true", help="run as if Prometheus were not installed")
     parser.add_argument("--no-alertmanager", action="store_true", help="run as if Alertmanager were not installed")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (configs, logs) afterwards")

@@ -1,10 +1,11 @@
 """Start and stop the whole hangwatch chain as local processes on loopback, in a temp dir.
 
-The demo must show the chain users deploy, so it reuses the one stack the tests and benchmarks use
-(``harness.stack``: the exporter, Prometheus with the shipped rules, Alertmanager, from the shipped
-``examples/``) and adds only its own parts: the simulator and the webhook in dry-run
-(``demo.nodocker``). Prometheus and Alertmanager are optional (None when missing: ``demo.run`` then
-plays their part in plain Python); ``Stack.stop()`` stops every process by PID and removes the temp dir.
+The demo must show the chain users deploy, so it uses the one chain the tests and benchmarks use
+(``chain``: the exporter, Prometheus with the shipped rules, Alertmanager, from the shipped
+examples) and adds only its own parts: the simulator and the webhook in dry-run (``nodocker``).
+Prometheus and Alertmanager are optional (None when missing: ``run`` then plays their part in plain
+Python); ``Stack.stop()`` stops every process by PID and removes the temp dir. Every process runs in
+that temp dir: none sees the directory the demo was started from.
 """
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ from pathlib import Path
 import requests
 import yaml
 
-from harness.files import private_file
-from harness.processes import Process, start_server
-from harness.stack import EXAMPLES
-from harness.stack import Stack as Chain
+from .chain import EXAMPLES, Chain
+from .files import private_file
+from .processes import Process, start_server
 
 TARGET = "vllm-sim"          # the `target` label and the webhook's target name
 CONTAINER = "vllm-sim"       # the `container` label: the stand-in container the webhook may restart
@@ -64,13 +64,13 @@ class Stack:
         env = dict(os.environ, PYTHONUNBUFFERED="1", HANGWATCH_LOG_LEVEL="info")
         self.simulator = self._part(start_server(
             "simulator", [py, "-m", "hangwatch.simulator", "--listen", "127.0.0.1:0"],
-            self.dir / "simulator.log", "/health", env=env))
+            self.dir / "simulator.log", "/health", env=env, cwd=self.dir))
         token_file = private_file(self.dir / "hangwatch-token", self.token + "\n")
         (self.dir / "webhook.yml").write_text(yaml.safe_dump(self.webhook_config(token_file)))
         self.webhook = self._part(start_server(
-            "webhook", [py, "-m", "demo.nodocker", "--config", str(self.dir / "webhook.yml"), "--dry-run",
-                        "--listen", "127.0.0.1:0", "--container", f"{CONTAINER}={self.simulator.url}"],
-            self.dir / "webhook.log", "/healthz", env=env))
+            "webhook", [py, "-m", "hangwatch.demo.nodocker", "--config", str(self.dir / "webhook.yml"),
+                        "--dry-run", "--listen", "127.0.0.1:0", "--container", f"{CONTAINER}={self.simulator.url}"],
+            self.dir / "webhook.log", "/healthz", env=env, cwd=self.dir))
         self.chain = Chain(self.dir, self.scrape_interval, targets={TARGET: self.simulator.url},
                            hook_url=self.webhook.url + "/alerts", token=self.token, token_file=token_file,
                            extra_jobs={"hangwatch_webhook": self.webhook.url.removeprefix("http://")},

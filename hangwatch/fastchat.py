@@ -155,9 +155,9 @@ def observe_api(client: Client, url: str, deadline: Deadline, options: Options =
         return failed
     answer = _json(fetched)
     if fetched.http_status == 401:
-        return Observation(taken_at, OK, scrape_seconds=fetched.elapsed,
-                           detail="API server answers (401: API keys are set; give hangwatch one to check its "
-                                  "controller too)")
+        what = ("it rejected the API key hangwatch sent" if options.api_key
+                else "API keys are set; give hangwatch one to check its controller too")
+        return Observation(taken_at, OK, scrape_seconds=fetched.elapsed, detail=f"API server answers (401: {what})")
     if fetched.http_status == 400 and isinstance(answer, dict) and answer.get("code") == INVALID_MODEL:
         models = api_models(str(answer.get("message", "")))
         if models is not None:

@@ -148,9 +148,10 @@ def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options
     if failed is not None:
         return failed
     if fetched.status != OK and fetched.http_status in (401, 403):
+        what = ("it rejected the API key hangwatch sent" if options.api_key
+                else "give hangwatch its API key to see its model list")
         return Observation(taken_at, OK, scrape_seconds=fetched.elapsed,
-                           detail=f"proxy answers /v1/models (HTTP {fetched.http_status}: give hangwatch its API key "
-                                  "to see its model list)")
+                           detail=f"proxy answers /v1/models (HTTP {fetched.http_status}: {what})")
     if fetched.status != OK:
         return Observation(taken_at, BLIND, error=f"/v1/models answered {fetched.error}", scrape_seconds=fetched.elapsed)
     return Observation(taken_at, OK, scrape_seconds=fetched.elapsed)

@@ -36,8 +36,11 @@ def outcome_of(fetched: Fetched) -> str:
     return PROBE_FAILED  # timeout, stalled, refused, broken, 5xx, an oversized answer
 
 
-def advice(status: int | None, what: str) -> str:
-    """What a person can do about a rejected probe (never contains the key itself)."""
+def advice(status: int | None, what: str, keyed: bool = False) -> str:
+    """What a person can do about a rejected probe (never contains the key itself); ``keyed``: a key was sent."""
+    if status == 401 and keyed:
+        return (f"{what} was rejected with HTTP 401: the server rejected the API key hangwatch sent "
+                "(is --api-key-file / api_key_file the key the server was started with?)")
     if status == 401:
         return (f"{what} was rejected with HTTP 401: give hangwatch the server's API key "
                 "(--api-key-file / api_key_file)")
@@ -51,12 +54,12 @@ def advice(status: int | None, what: str) -> str:
     return f"{what} was rejected with HTTP {status}: the API server refused it before the engine saw it"
 
 
-def _result(fetched: Fetched, what: str, kind: str, model: str | None) -> ProbeResult:
+def _result(fetched: Fetched, what: str, kind: str, model: str | None, keyed: bool = False) -> ProbeResult:
     outcome = outcome_of(fetched)
     if outcome == PROBE_ANSWERED:
         detail = f"{what} answered in {fetched.elapsed * 1000:.0f} ms"
     elif outcome == PROBE_REJECTED:
-        detail = advice(fetched.http_status, what)
+        detail = advice(fetched.http_status, what, keyed)
     else:
         detail = f"{what}: {fetched.error}"
     return ProbeResult(outcome, fetched.elapsed, detail, model, kind, fetched.http_status)
@@ -68,7 +71,7 @@ def first_model(client: Client, base_url: str, deadline: Deadline,
     fetched = client.request("GET", base_url + "/v1/models", deadline=deadline, max_bytes=MAX_ANSWER,
                              headers=options.auth_headers())
     if fetched.status != OK:
-        return None, _result(fetched, "/v1/models", PROBE_COMPLETION, None)
+        return None, _result(fetched, "/v1/models", PROBE_COMPLETION, None, bool(options.api_key))
     try:
         models = [entry["id"] for entry in json.loads(fetched.body)["data"]]
     except (ValueError, KeyError, TypeError):
@@ -90,7 +93,7 @@ def send_probe(client: Client, base_url: str, deadline: Deadline, options: Optio
     body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
     fetched = client.request("POST", base_url + "/v1/completions", deadline=deadline, max_bytes=MAX_ANSWER,
                              json=body, headers=options.auth_headers())
-    result = _result(fetched, "1-token completion", PROBE_COMPLETION, model)
+    result = _result(fetched, "1-token completion", PROBE_COMPLETION, model, bool(options.api_key))
     if options.probe == PROBE_AUTO and result.rejected and fetched.http_status in _NO_SUCH_ROUTE:
         return _embedding(client, base_url, deadline, options, model)  # a pooling model (vLLM: 404)
     return result
@@ -100,5 +103,5 @@ def _embedding(client: Client, base_url: str, deadline: Deadline, options: Optio
     body = {"model": model, "input": "ping"}
     fetched = client.request("POST", base_url + "/v1/embeddings", deadline=deadline, max_bytes=MAX_ANSWER,
                              json=body, headers=options.auth_headers())
-    return _result(fetched, "1-input embedding", PROBE_EMBEDDING, model)
+    return _result(fetched, "1-input embedding", PROBE_EMBEDDING, model, bool(options.api_key))
 

@@ -128,6 +128,8 @@ def url_problem(value: Any, *, allow_path: bool = False) -> str | None:
         return "must not carry credentials (user:password@)"
     if parts.query or parts.fragment or "?" in value or "#" in value:
         return "must not carry a query or a fragment"
+    if "v1" in parts.path.split("/"):  # the OpenAI base URL, the most common paste
+        return "is an OpenAI API URL: use the server's base URL, without /v1 (hangwatch finds /metrics and /v1 itself)"
     if parts.path.strip("/") and not allow_path:
         return "must be http(s)://HOST[:PORT] without a path"
     if port == 0:
@@ -153,26 +155,57 @@ def without_credentials(value: Any) -> Any:
     return f"{scheme}{sep}***@{authority.rpartition('@')[2]}{rest[authority_end:]}"
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def listen_address(text: str, flag: str = "--listen") -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9877`` for IPv6; port 0 = any free port) → (host, port)."""
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
+    """``HOST:PORT`` (``[::1]:9877`` for IPv6) or ``:PORT`` (loopback, as every default here:
+    all interfaces are ``0.0.0.0:PORT``, said out loud) → (host, port); port 0 = any free port."""
+    raw, sep, port = text.rpartition(":")
+    host = raw.strip("[]") if raw else LOOPBACK
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"{flag}: {text!r} is not HOST:PORT")
+        raise ConfigError(f"{flag}: {text!r} is not HOST:PORT or :PORT (e.g. 127.0.0.1:9877, :9877, 0.0.0.0:9877)")
     return host, int(port)
 
 
 def load_yaml(path: str) -> Any:
-    """The parsed YAML file; a ConfigError naming the file when it cannot be read or parsed."""
+    """The parsed YAML file; a ConfigError naming the file when it cannot be read, is not UTF-8
+    (the byte's offset, line and column) or is not YAML (the parser's own words for what is wrong)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return yaml.safe_load(handle)
+        with open(path, "rb") as handle:
+            data = handle.read()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8: {not_utf8(data, exc)}; save it as UTF-8") from None
+    return parse_yaml(text, path)
+
+
+def parse_yaml(text: str, path: str) -> Any:
+    """``text`` parsed as YAML; a ConfigError saying where and what is wrong, as the parser says it."""
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where else ""
-        raise ConfigError(f"{path}: not valid YAML{line}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+
+
+def yaml_problem(exc: Exception) -> str:
+    """``line 2, column 9: expected ',' or ']', but got '<stream end>'`` — the parser's problem, where it is."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
+def not_utf8(data: bytes, exc: UnicodeDecodeError) -> str:
+    """``byte 0xe9 at offset 18 (line 2, column 6)``: where a decoding failed, as a person finds it."""
+    offset = exc.start
+    line = data.count(b"\n", 0, offset) + 1
+    column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+    return f"byte 0x{data[offset]:02x} at offset {offset} (line {line}, column {column})"
 
 
 def secret_file(path: str, key: str) -> str:
@@ -184,7 +217,7 @@ def secret_file(path: str, key: str) -> str:
     except OSError as exc:
         raise ConfigError(f"{key}: cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{key}: {path} is not text") from None
+        raise ConfigError(f"{key}: {path} is not UTF-8 text") from None
     if not secret:
         raise ConfigError(f"{key}: {path} is empty")
     if any(c.isspace() for c in secret) or not secret.isprintable() or not secret.isascii():

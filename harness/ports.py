@@ -1,24 +1,21 @@
-"""Ports on 127.0.0.1 without races: servers bind port 0 and we read the port back.
+"""Ports on 127.0.0.1 without races, for the servers that cannot bind port 0 themselves.
 
 A port picked by binding port 0, closing it and handing the number to a child process is
 free only until someone else takes it: under load a client connection's ephemeral port did
 (a FastChat worker died "address already in use" in CI). So:
 
-- a server that can bind port 0 is started on port 0, and :func:`listening_ports` reads
-  the port it bound from /proc (its socket inodes, matched in /proc/net/tcp): no log
-  parsing, no cooperation from the server needed (Prometheus, Alertmanager, the exporter,
-  the webhook, the simulator, FastChat's controller and API server);
+- a server that can bind port 0 is started on port 0, and
+  ``hangwatch.demo.processes.listening_ports`` reads the port it bound from /proc (Prometheus,
+  Alertmanager, the exporter, the webhook, the simulator, FastChat's controller and API server);
 - a server that must be told its port before it binds (a FastChat worker announces its own
   address; vLLM) gets a :func:`free_port` and is restarted on another one when its log says
-  the bind failed (:func:`address_in_use`).
+  the bind failed (:func:`address_in_use`);
+- a test that needs a refused connection gets a :func:`closed_port`.
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
-
-from hangwatch.forensics.processes import LISTEN, TCP_TABLES, socket_rows
 
 _IN_USE = re.compile(r"address already in use|EADDRINUSE|errno 98|couldn't bind|bind: address",
                      re.IGNORECASE)
@@ -52,26 +49,3 @@ def closed_port() -> int:
 def address_in_use(log_text: str) -> bool:
     """Did a server's output say its port was taken?"""
     return bool(_IN_USE.search(log_text))
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return inodes
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return inodes
-
-
-def listening_ports(pid: int) -> list[int]:
-    """TCP ports process ``pid`` listens on (IPv4 and IPv6), lowest first."""
-    inodes = _socket_inodes(pid)
-    return sorted({port for table in TCP_TABLES for _, port, state, inode in socket_rows(table)
-                   if state == LISTEN and inode in inodes})

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import requests
 
+from hangwatch.demo.processes import listening_ports
+from hangwatch.demo.wait import WaitTimeout, wait_until
 from harness import tinymodel
-from harness.ports import address_in_use, free_port, listening_ports
-from harness.wait import WaitTimeout, wait_until
+from harness.ports import address_in_use, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_VENV = "/var/cache/hangwatch/vllm-venv"

@@ -1,20 +1,20 @@
-"""``python -m hangwatch.simulator`` (``hangwatch simulate``): serve the simulator and play a scenario.
+"""``hangwatch simulate`` (``python -m hangwatch.simulator``): serve the simulator and play a scenario.
 
 A demo or a compose service drives the simulator from outside: a scenario of timed states plays in a
 thread while the server answers; a bad scenario fails at start-up with exit 64, as every hangwatch command.
 
-    python -m hangwatch.simulator --listen 127.0.0.1:8000 --scenario busy-then-hang
+    hangwatch simulate --listen 127.0.0.1:8000 --scenario busy-then-hang
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import signal
 import sys
 import threading
 
-from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address, secret_file
+from hangwatch.flags import Parser, listen
+from hangwatch.settings import EXIT_CONFIG, ConfigError, not_utf8, parse_yaml, secret_file
 
 from .engine import VLLM_VERSION
 from .server import STATES, Simulator
@@ -37,17 +37,27 @@ def load_scenario(spec: str) -> list[dict]:
         return [dict(step) for step in SCENARIOS[spec]]
     if spec in STATES:
         return [{"state": spec}]
-    with open(spec, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(spec, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"--scenario: {spec!r} is not a state, a built-in scenario or a file "
+                          f"(states: {', '.join(STATES)}; scenarios: {', '.join(SCENARIOS)})") from None
+    except OSError as exc:
+        raise ConfigError(f"--scenario: cannot read {spec}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--scenario: {spec}: not UTF-8: {not_utf8(data, exc)}") from None
     try:
         steps = json.loads(text)
     except ValueError:
-        import yaml
-        steps = yaml.safe_load(text)
+        steps = parse_yaml(text, f"--scenario: {spec}")  # YAML is a superset of JSON: its error says more
     if isinstance(steps, dict):
         steps = steps.get("steps", [])
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
-        raise ValueError(f"{spec}: a scenario is a list of steps")
+        raise ConfigError(f"--scenario: {spec}: a scenario is a list of steps, e.g. "
+                          '[{"state": "busy", "n": 3, "for": 10}, {"state": "frozen"}]')
     return steps
 
 
@@ -69,14 +79,6 @@ def run_scenario(sim: Simulator, steps: list[dict], stop: threading.Event,
             return
 
 
-def _parse_listen(value: str) -> tuple[str, int]:
-    try:
-        host, port = listen_address(value)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return host, port
-
-
 def check_steps(steps: list[dict], spec: str) -> None:
     """Every step names a known state or action, and ``for`` is seconds: a typo fails at start-up,
     not in the scenario's thread minutes later."""
@@ -91,42 +93,38 @@ def check_steps(steps: list[dict], spec: str) -> None:
             raise ConfigError(f"{spec}: step {number}: for: {seconds!r} is not a number of seconds")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # bad usage: one line and exit 64, as every hangwatch command
-        sys.stderr.write(f"hangwatch simulate: {message} (see --help)\n")
-        raise SystemExit(EXIT_CONFIG)
+EXIT_CODES = "exit codes: 0 stopped by SIGTERM or SIGINT; 64 bad usage, scenario or address"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m hangwatch.simulator",
-                     description="A fake vLLM 0.32 server for tests and demos.")
-    parser.add_argument("--listen", type=_parse_listen, default=("127.0.0.1", 8000),
-                        help="HOST:PORT to listen on (default 127.0.0.1:8000; 0.0.0.0:8000 in a container)")
+    parser = Parser(prog="hangwatch simulate", epilog=EXIT_CODES,
+                    description="A fake vLLM 0.32 server for demos and tests, driven into any state hangwatch "
+                                "judges\n(POST /_sim/state {\"state\": \"frozen\"}; also python -m hangwatch.simulator).")
+    parser.add_argument("--listen", type=listen, default=("127.0.0.1", 8000), metavar="HOST:PORT",
+                        help="where to listen: HOST:PORT or :PORT (default 127.0.0.1:8000; 0.0.0.0:8000 in a container)")
+    parser.add_argument("--control-listen", type=listen, default=None, metavar="HOST:PORT",
+                        help="also serve /_sim/state on this address, apart from the simulated server: it answers "
+                             "in every state, dead included (default: on --listen only)")
     parser.add_argument("--model", default="tiny-llama", help="served model name")
     parser.add_argument("--multiprocess", action="store_true",
                         help="page as with --api-server-count > 1 (no process_/python_/_created)")
     parser.add_argument("--scenario", help=f"a state, a built-in ({', '.join(SCENARIOS)}) "
                                            "or a JSON/YAML file of steps")
     parser.add_argument("--loop", action="store_true", help="repeat the scenario")
-    parser.add_argument("--api-key-file", help="as vLLM --api-key: /v1/* answers 401 without this key")
+    parser.add_argument("--api-key-file", metavar="FILE", help="as vLLM --api-key: /v1/* answers 401 without this key")
     args = parser.parse_args(argv)
     host, port = args.listen
-    import yaml
     try:
         steps = load_scenario(args.scenario) if args.scenario else []
         check_steps(steps, args.scenario)
         api_key = secret_file(args.api_key_file, "--api-key-file") if args.api_key_file else None
-    except (OSError, ValueError, yaml.YAMLError) as exc:  # ConfigError is a ValueError
-        if isinstance(exc, OSError):
-            reason = f"cannot read {exc.filename}: {exc.strerror}"
-        elif isinstance(exc, yaml.YAMLError):
-            reason = f"--scenario: {args.scenario} is neither JSON nor YAML: {' '.join(str(exc).split())}"
-        else:
-            reason = exc
-        sys.stderr.write(f"hangwatch simulate: {reason}\n")
+    except ConfigError as exc:
+        sys.stderr.write(f"hangwatch simulate: {exc}\n")
         return EXIT_CONFIG
+    control = args.control_listen
     try:
-        sim = Simulator(args.model, multiprocess=args.multiprocess, host=host, api_key=api_key).start(port)
+        sim = Simulator(args.model, multiprocess=args.multiprocess, host=host, api_key=api_key).start(
+            port, control_port=control[1] if control else None, control_host=control[0] if control else None)
     except OSError as exc:  # as the exporter: an address this host cannot bind is a bad config
         sys.stderr.write(f"hangwatch simulate: cannot listen on {host}:{port}: {exc.strerror or exc}\n")
         return EXIT_CONFIG
@@ -137,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    print(f"simulator: vLLM {VLLM_VERSION} model={args.model} listening on {sim.url}",
-          flush=True)
+    print(f"simulator: vLLM {VLLM_VERSION} model={args.model} listening on {sim.url}"
+          + (f"; controls on {sim.control_url}/_sim/state" if control else ""), flush=True)
     if steps:
         threading.Thread(target=run_scenario, args=(sim, steps, stop, args.loop),
                          daemon=True).start()

@@ -1,7 +1,10 @@
 """The simulator's HTTP side: vLLM's OpenAI endpoints, /metrics, /health, /version and ``/_sim/state``.
 
 hangwatch reads a server over HTTP, so the fake one must answer like uvicorn in front of vLLM:
-the same paths, status codes, bodies and headers, and in the failure states the same silence.
+the same paths, status codes, bodies and headers, and in the failure states the same silence. The
+controls (``/_sim/``) are not the simulated server: they answer in every state, ``unresponsive``
+included, and on a control port of their own (``ControlHandler``) even while the server is ``dead``.
+The handler is given its simulator by the server that owns it and never imports it.
 """
 from __future__ import annotations
 
@@ -11,14 +14,13 @@ import socket
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .engine import VLLM_VERSION, Request
 from .page import CONTENT_TYPE_METRICS
 from .quiet import QuietThreadingHTTPServer
 
-if TYPE_CHECKING:
-    from .server import Simulator
+CONTROLS = "/_sim/"
 
 
 def count_tokens(text: str) -> int:
@@ -44,7 +46,7 @@ class Server6(Server):
 
 
 class Handler(BaseHTTPRequestHandler):
-    simulator: Simulator
+    simulator: Any  # the Simulator serving this handler (set by the server that owns it)
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
     sys_version = ""
@@ -79,9 +81,11 @@ class Handler(BaseHTTPRequestHandler):
                 return False
         return True
 
-    def handle_one_request(self) -> None:
-        if self._hold():
-            super().handle_one_request()
+    def parse_request(self) -> bool:
+        """The request head is read; hold it here (unresponsive) unless it is for the controls."""
+        if not super().parse_request():
+            return False
+        return self.path.startswith(CONTROLS) or self._hold()
 
     # -- plumbing ------------------------------------------------------------------------
     def _send(self, code: int, body: bytes, content_type: str = "application/json",
@@ -92,11 +96,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        sim = self.simulator
+        self._record(code, handler, len(body), started)
+
+    def _record(self, code: int, handler: str | None, out_size: int, started: float | None) -> None:
+        """What vLLM's HTTP instrumentator would count (its own page shows it)."""
         in_size = int(self.headers.get("Content-Length") or 0)
         elapsed = time.monotonic() - (started or time.monotonic())
-        sim.http.record(self.command, code, handler or "none", in_size, len(body), elapsed,
-                        time.time())
+        self.simulator.http.record(self.command, code, handler or "none", in_size, out_size, elapsed, time.time())
 
     def _json(self, code: int, obj, handler: str | None = None, started=None) -> None:
         self._send(code, json.dumps(obj).encode(), "application/json", handler, started)
@@ -119,9 +125,7 @@ class Handler(BaseHTTPRequestHandler):
         return False
 
     def _begin(self) -> tuple[str, float] | None:
-        """The request's path and start; None when it was held and dropped, or refused (answered)."""
-        if not self._hold():
-            return None
+        """The request's path and start; None when it was refused (answered)."""
         path = self.path.split("?", 1)[0]
         started = time.monotonic()
         if self._refused(path, started):
@@ -149,8 +153,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/v1/models":
             return self._json(200, sim.models_json(), "/v1/models", started)
         if path == "/_sim/state":
-            return self._json(200, {"state": sim.state, "params": sim._params,
-                                    "inference_requests": sim.inference_requests}, "/_sim/state")
+            return self._control_get()
         return self._json(404, {"detail": "Not Found"}, None, started)
 
     do_HEAD = do_GET
@@ -162,15 +165,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         path, started = begun
         if path == "/_sim/state":
-            body = self._body() or {}
-            try:
-                if body.get("action") == "restart":
-                    sim.restart()
-                else:
-                    sim.set_state(body.pop("state", "idle"), **body)
-            except (ValueError, TypeError) as exc:
-                return self._json(400, {"error": str(exc)}, "/_sim/state")
-            return self._json(200, {"state": sim.state}, "/_sim/state")
+            return self._control_post()
         if path not in ("/v1/completions", "/v1/chat/completions"):
             return self._json(404 if path != "/v1/models" else 405, {"detail": "Not Found"},
                               None, started)
@@ -211,6 +206,27 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._json(200, self._completion(chat, body, req), path, started)
 
+    # -- the controls ----------------------------------------------------------------------
+    def _control_get(self) -> None:
+        sim = self.simulator
+        self._json(200, {"state": sim.state, "params": sim._params,
+                         "inference_requests": sim.inference_requests}, "/_sim/state")
+
+    def _control_post(self) -> None:
+        sim = self.simulator
+        body = self._body()
+        if not isinstance(body, dict):
+            return self._json(400, {"error": 'expected a JSON object: {"state": "busy", "n": 3} '
+                                             'or {"action": "restart"}'}, "/_sim/state")
+        try:
+            if body.get("action") == "restart":
+                sim.restart()
+            else:
+                sim.set_state(body.pop("state", "idle"), **body)
+        except (ValueError, TypeError) as exc:
+            return self._json(400, {"error": str(exc)}, "/_sim/state")
+        self._json(200, {"state": sim.state}, "/_sim/state")
+
     def _client_gone(self) -> bool:
         try:
             readable, _, _ = select.select([self.connection], [], [], 0)
@@ -247,3 +263,27 @@ class Handler(BaseHTTPRequestHandler):
                 "service_tier": None, "system_fingerprint": sim.fingerprint, "usage": usage,
                 "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
+
+class ControlHandler(Handler):
+    """The control port: only ``/_sim/state``, answered in every state (it is never held or closed)."""
+
+    def parse_request(self) -> bool:
+        return BaseHTTPRequestHandler.parse_request(self)
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] == "/_sim/state":
+            return self._control_get()
+        self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        if self.path.split("?", 1)[0] == "/_sim/state":
+            return self._control_post()
+        self._json(404, {"detail": "Not Found"})
+
+    do_HEAD = do_GET
+
+    setup = BaseHTTPRequestHandler.setup    # not one of the server's connections: a kill leaves it open
+    finish = BaseHTTPRequestHandler.finish
+
+    def _record(self, code: int, handler: str | None, out_size: int, started: float | None) -> None:
+        pass  # not the simulated server: nothing in its HTTP stats

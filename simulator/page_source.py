@@ -1,19 +1,17 @@
 """The values of the simulator's /metrics page: the engine's stats, the HTTP instrumentator's, the process'.
 
 ``page.render`` walks the real page's families and asks a source for every sample; this is that
-source, taken from one consistent copy of the simulator's state per scrape.
+source, taken from one consistent copy of the simulator's state per scrape. It is built from the
+values it reads (the engine, the HTTP stats, the model and start time), never from the ``Simulator``
+that owns them: a child that reached back for its parent made an import circle.
 """
 from __future__ import annotations
 
 import gc
 import os
 import threading
-from typing import TYPE_CHECKING
 
-from .engine import Histogram
-
-if TYPE_CHECKING:
-    from .server import Simulator
+from .engine import Engine, Histogram
 
 # The instrumentator vLLM configures ignores these handlers.
 EXCLUDED_HANDLERS = {"/metrics", "/health", "/load", "/ping", "/version", "/server_info"}
@@ -54,9 +52,7 @@ class HttpStats:
 class PageSource:
     """Answers simulator_page.render() from one simulator state."""
 
-    def __init__(self, sim: "Simulator"):
-        self.sim = sim
-        eng = sim.engine
+    def __init__(self, eng: Engine, http: HttpStats, *, model: str, multiprocess: bool, start_time: float):
         with eng.lock:
             self.counters = dict(eng.counters)
             self.hists = {k: (h.cumulative(), h.count, h.sum) for k, h in eng.hists.items()}
@@ -64,9 +60,10 @@ class PageSource:
             self.sleep_level = eng.sleep_level
             self.seen = eng.seen_request
             self.created_at = eng.created
-        self.http = sim.http
-        self.multiprocess = sim.multiprocess
-        self.model = sim.model
+        self.http = http
+        self.multiprocess = multiprocess
+        self.model = model
+        self.start_time = start_time
 
     def _labels(self, labels):
         return tuple(sorted((k, v) for k, v in labels.items() if k not in ("model_name", "engine")))
@@ -114,7 +111,7 @@ class PageSource:
             return self.counters.get((name, self._labels(labels)), 0.0)
         if name == "http_requests":
             return self.http.totals.get((labels["method"], labels["status"], labels["handler"]), 0.0)
-        return process_value(self.sim.start_time, name, labels)
+        return process_value(self.start_time, name, labels)
 
     def hist(self, fam, labels):
         name = fam.name

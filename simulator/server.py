@@ -21,7 +21,7 @@ from http.server import ThreadingHTTPServer
 
 from . import page as simulator_page
 from .engine import VLLM_VERSION, Clock, Engine
-from .handler import Handler, Server, Server6
+from .handler import ControlHandler, Handler, Server, Server6
 from .page_source import HttpStats, PageSource
 
 # idle: nothing in flight, a completion runs through the engine. busy (n): n requests decoding.
@@ -64,10 +64,12 @@ class Simulator:
         self._stopping = threading.Event()
         self._generation = 0             # bumps on restart/kill: in-flight handlers give up
         self._server: ThreadingHTTPServer | None = None
+        self._control: ThreadingHTTPServer | None = None
         self._serve_thread: threading.Thread | None = None
         self._engine_thread: threading.Thread | None = None
         self._conns: set = set()
         self.port: int | None = None
+        self.control_host, self.control_port = host, None
         self.inference_requests = 0
         self.http_requests = 0
         self._fresh_process()
@@ -88,8 +90,21 @@ class Simulator:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def start(self, port: int = 0) -> "Simulator":
+    @property
+    def control_url(self) -> str:
+        """Where ``/_sim/state`` answers in every state, ``dead`` included (``start(control_port=)``);
+        without a control port, the server's own URL (which a dead server does not answer)."""
+        if self.control_port is None:
+            return self.url
+        host = f"[{self.control_host}]" if ":" in self.control_host else self.control_host
+        return f"http://{host}:{self.control_port}"
+
+    def start(self, port: int = 0, control_port: int | None = None, control_host: str | None = None) -> "Simulator":
+        """Listen on ``port`` (0: any free port); with ``control_port`` (0: any), serve the
+        controls there too (on ``control_host``, default the server's host), apart from the simulated server."""
         self._open(port)
+        if control_port is not None:
+            self._open_control(control_host or self.host, control_port)
         if not self.clock.manual:
             self._engine_thread = threading.Thread(target=self._run_engine, daemon=True,
                                                    name="sim-engine")
@@ -110,6 +125,17 @@ class Simulator:
                                               name=f"sim-http-{self.port}")
         self._serve_thread.start()
 
+    def _open_control(self, host: str, port: int) -> None:
+        sim = self
+
+        class BoundControl(ControlHandler):
+            simulator = sim
+
+        self._control = (Server6 if ":" in host else Server)((host, port), BoundControl)
+        self.control_host, self.control_port = host, self._control.server_address[1]
+        threading.Thread(target=self._control.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+                         name=f"sim-control-{self.control_port}").start()
+
     def _close(self) -> None:
         server, self._server = self._server, None
         if server is not None:
@@ -129,6 +155,10 @@ class Simulator:
             self._generation += 1
             self._mode_changed.notify_all()
         self._close()
+        control, self._control = self._control, None
+        if control is not None:
+            control.shutdown()
+            control.server_close()
         if self._engine_thread is not None:
             self._engine_thread.join(timeout=2)
 
@@ -250,8 +280,9 @@ class Simulator:
 
     # -- the page ----------------------------------------------------------------------
     def metrics_text(self) -> str:
-        return simulator_page.render(self.families, PageSource(self), self.model,
-                                     with_created=not self.multiprocess)
+        source = PageSource(self.engine, self.http, model=self.model, multiprocess=self.multiprocess,
+                            start_time=self.start_time)
+        return simulator_page.render(self.families, source, self.model, with_created=not self.multiprocess)
 
 
     # -- request bodies --------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.wait import wait_until as support_wait_until
+from hangwatch.demo.wait import wait_until as support_wait_until
 
 # HANGWATCH_VLLM_CAPTURES points the comparison at another set of pages (e.g. a new capture).
 CAPTURES = Path(os.environ.get("HANGWATCH_VLLM_CAPTURES")
@@ -38,7 +38,7 @@ def scrape(sim) -> str:
 
 
 def wait_until(predicate, timeout: float = 5.0, what: str = "condition"):
-    """``harness.wait.wait_until`` with the in-process simulator's short defaults."""
+    """``hangwatch.demo.wait.wait_until`` with the in-process simulator's short defaults."""
     return support_wait_until(predicate, timeout, what, interval=0.01)
 
 

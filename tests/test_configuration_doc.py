@@ -187,12 +187,12 @@ def test_simulator_flags_are_documented_both_ways():
     from hangwatch.simulator import main
     assert set(rows("`hangwatch simulate")) == help_flags(main)
     assert set(subcommands()) == {"check", "exporter", "webhook", "simulate", "rules", "dashboard", "forensics",
-                                  "incidents"}
+                                  "incidents", "demo"}
 
 
 def test_demo_flags_are_documented_both_ways():
-    from demo.run import main
-    documented = set(re.findall(r"`(--[a-z-]+)`", section("`python -m demo`")))
+    from hangwatch.demo.run import main
+    documented = set(re.findall(r"`(--[a-z-]+)`", section("`hangwatch demo`")))
     assert documented == help_flags(main)
 
 

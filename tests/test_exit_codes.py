@@ -20,6 +20,11 @@ CASES = {
     "check: no URL": ["check"],
     "check: unknown flag": ["check", "http://127.0.0.1:9", "--bogus"],
     "check: missing key file": ["check", "http://127.0.0.1:9", "--api-key-file", "/nonexistent/key"],
+    "check: the OpenAI base URL": ["check", "http://127.0.0.1:9/v1"],
+    "check: a duration without a number": ["check", "http://127.0.0.1:9", "--interval", "fast"],
+    "exporter: a Latin-1 config": ["exporter", "--config", "{tmp}/latin1.yml"],
+    "webhook: a Latin-1 config": ["webhook", "--config", "{tmp}/latin1.yml"],
+    "demo: unknown flag": ["demo", "--bogus"],
     "exporter: missing config": ["exporter", "--config", "/nonexistent/exporter.yml"],
     "exporter: bad listen": ["exporter", "--listen", "nonsense"],
     "exporter: bad log level": ["exporter", "--log-level", "loud"],
@@ -40,7 +45,6 @@ CASES = {
     "rules: bad interval": ["rules", "--out", "{tmp}/out", "--scrape-interval", "0s"],
     "rules: unwritable --out": ["rules", "--out", "/proc/hangwatch-rules"],
     "dashboard: unwritable --out": ["dashboard", "--out", "/proc/hangwatch-dashboard"],
-    "no subcommand": [],
     "unknown subcommand": ["watch"],
 }
 
@@ -48,6 +52,7 @@ CASES = {
 @pytest.mark.parametrize("args", CASES.values(), ids=CASES.keys())
 def test_bad_usage_or_config_exits_64_with_one_line(args, tmp_path):
     (tmp_path / "bad.yml").write_text("{no_such_key: 1\n")      # not YAML
+    (tmp_path / "latin1.yml").write_bytes("timeout: 10s\n# caf\u00e9\n".encode("latin-1"))  # not UTF-8
     (tmp_path / "unknown.yml").write_text("no_such_key: 1\n")
     (tmp_path / "scenario.yaml").write_text("- {state: frozn}\n")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]

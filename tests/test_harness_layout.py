@@ -1,7 +1,9 @@
-"""The demo and the benchmarks stand on the shared harness, never on the tests; the simulator is small files.
+"""The benchmarks stand on the shared harness, never on the tests; the demo on installed code alone.
 
-``harness/`` (top level, not installed) is what tests, ``python -m demo`` and ``bench/`` share; a
-demo or a benchmark that imports ``tests`` ties a user-facing script to the test suite's layout.
+``harness/`` (top level, not installed) is what tests and ``bench/`` share; a benchmark that
+imports ``tests`` ties a script to the test suite's layout. The demo is installed
+(``hangwatch demo``, from ``demo/``): it imports neither (tests/test_layout.py checks every installed
+module), and what tests share with it (waits, processes, the Prometheus chain) is installed with it.
 The simulator, installed as ``hangwatch.simulator``, keeps to the house's 400-line module limit
 (tests/test_layout.py, with every installed module).
 """
@@ -31,6 +33,6 @@ def test_demo_bench_and_harness_import_nothing_from_tests(path):
     assert "tests" not in top_level_imports(path)
 
 
-def test_the_demo_and_the_benchmarks_use_the_shared_harness():
+def test_the_benchmarks_use_the_shared_harness_and_the_demo_does_not():
     users = [p for p in SCRIPTS if "harness" in top_level_imports(p) and p.parts[-2] in ("demo", "bench")]
-    assert {p.parts[-2] for p in users} == {"demo", "bench"}
+    assert {p.parts[-2] for p in users} == {"bench"}

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from hangwatch.check import check
+from hangwatch.demo.wait import wait_until
 from hangwatch.fetch import OK, TIMEOUT, Client, Deadline
-from harness.wait import wait_until
 from tests.exporter.test_probe_endpoint import probe, samples
 from tests.support.hostile import HostileServer
 from tests.support.pages import Page, PageServer

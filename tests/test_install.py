@@ -37,6 +37,18 @@ def test_ci_runs_the_readmes_install_line_with_debians_python():
     assert "python3-venv" in CI_RUN, "Debian's python3 makes venvs only with python3-venv"
 
 
+def test_ci_runs_the_first_commands_on_the_plain_install_before_the_editable_one():
+    """An editable install hid that ``python -m demo`` and ``python -m hangwatch`` died from the
+    checkout's root after the README's plain ``pip install .``: CI runs them in between, from the root."""
+    install, _ = fresh_machine_commands()
+    assert ".venv/bin/hangwatch demo" in README, "the README's no-Docker, no-GPU demo"
+    editable = CI_RUN.index("-e '.[test,forensics]'")
+    for command in (".venv/bin/hangwatch demo", ".venv/bin/python -m hangwatch --version",
+                    ".venv/bin/python -m hangwatch.simulator --help"):
+        assert CI_RUN.index(install) < CI_RUN.index(command) < editable, command
+    assert 'cd "$(dirname "$0")/.."' in CI_RUN.split(install)[0], "from the checkout's root"
+
+
 def test_the_readme_never_installs_into_the_system_python():
     assert not re.search(r"^(sudo )?(python3? -m )?pip3? install", README, re.M)
     assert "bash .ci/run" in README

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+import hangwatch
 from hangwatch.exporter.config import ExporterConfig, exporter_config
 from hangwatch.exporter.query import Asked, asked
 from tests.support.kubectl import kustomize as render
@@ -277,7 +278,7 @@ def test_hangwatch_containers_run_unprivileged_with_limits(rendered):
         assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
         assert context["capabilities"]["drop"] == ["ALL"] and context["seccompProfile"]["type"] == "RuntimeDefault"
         assert {"cpu", "memory"} <= set(container["resources"]["limits"])
-        assert container["image"] == "hangwatch:0.2.0"
+        assert container["image"] == f"hangwatch:{hangwatch.__version__}"
 
 
 # -- stack capture: only in the forensics overlay ------------------------------------------------

@@ -4,7 +4,8 @@
   prometheus_client; only ``hangwatch/cli.py`` knows every face.
 - A face (``exporter/`` = ``hangwatch.exporter``, ``webhook/`` = ``hangwatch.webhook``)
   imports the core, never the other face; the simulator (a tool) imports no face.
-- Everything installed lives under ``hangwatch``: a built wheel holds nothing else.
+- Everything installed lives under ``hangwatch``: a built wheel holds nothing else, and installed
+  code imports nothing that is not installed (``harness``, ``tests``, ``bench``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hangwatch.checkout import PARTS
 from tests.support.wheel import built_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,9 +85,9 @@ def test_the_checker_itself_catches_a_forbidden_import(tmp_path):
 
 
 def test_tests_import_the_installed_names_only():
-    old = ("exporter", "webhook", "simulator")
+    old = ("exporter", "webhook", "simulator", "demo", "rules", "examples")
     for path in sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "demo").glob("*.py")) \
-            + sorted((ROOT / "bench").glob("*.py")):
+            + sorted((ROOT / "bench").glob("*.py")) + sorted((ROOT / "harness").glob("*.py")):
         bad = {name for name in imported(path, "tests") if name.split(".")[0] in old}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}: use hangwatch.*"
 
@@ -96,13 +98,23 @@ def test_the_wheel_installs_nothing_outside_hangwatch():
                      - {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")})
     assert not outside, f"the wheel installs {outside} beside hangwatch"
     for expected in ("hangwatch/check.py", "hangwatch/exporter/server.py", "hangwatch/webhook/app.py",
-                     "hangwatch/simulator/pages/single.prom"):
+                     "hangwatch/simulator/pages/single.prom", "hangwatch/demo/run.py", "hangwatch/demo/chain.py",
+                     "hangwatch/examples/prometheus.yml", "hangwatch/examples/alertmanager.yml"):
         assert expected in names, expected
 
 
-INSTALLED = {"hangwatch": "hangwatch", "exporter": "hangwatch.exporter", "webhook": "hangwatch.webhook",
-             "simulator": "hangwatch.simulator", "rules": "hangwatch.rules", "grafana/dashboards": "hangwatch.dashboards"}
+INSTALLED = {"hangwatch": "hangwatch", **{folder: f"hangwatch.{part}" for part, folder in PARTS.items()}}
 MODULE_LINES = 400
+
+
+@pytest.mark.parametrize("folder", sorted(INSTALLED), ids=sorted(INSTALLED))
+def test_installed_code_imports_only_what_is_installed(folder):
+    """``hangwatch demo`` once imported ``harness`` (not installed): fine from a checkout, a crash after
+    ``pip install .`` anywhere else."""
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        bad = offending(imported(path, INSTALLED[folder]), ("harness", "tests", "bench", "demo", "exporter",
+                                                            "webhook", "simulator", "rules", "examples"))
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}, which is not installed"
 
 
 def test_no_installed_module_is_a_wall():
@@ -114,7 +126,8 @@ def test_no_installed_module_is_a_wall():
 
 
 def test_the_installed_folders_are_the_wheels_packages():
-    """The wall check above reads every installed folder: the same map as pyproject's package-dir."""
+    """The wall check above reads every installed folder, and a checkout finds each part in its folder
+    (``hangwatch.checkout.PARTS``): the same map as pyproject's package-dir."""
     section = (ROOT / "pyproject.toml").read_text().split("[tool.setuptools.package-dir]")[1].split("\n[")[0]
     package_dir = dict(re.findall(r'^"([\w.]+)"\s*=\s*"([\w/]+)"', section, re.M))
     assert {folder: name for name, folder in package_dir.items()} == INSTALLED

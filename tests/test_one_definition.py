@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hangwatch import modules
+from hangwatch.demo.files import private_file
 from hangwatch.engines import ENGINES
 from hangwatch.exporter.collector import BackendCollector
 from hangwatch.exporter.config import exporter_config
@@ -18,7 +19,6 @@ from hangwatch.reading import Reading
 from hangwatch.settings import ConfigError
 from hangwatch.target_options import TargetOptions
 from hangwatch.webhook import config as webhook_config
-from harness.files import private_file
 
 WEBHOOK_TARGET = {"name": "a", "container": "a", "url": "http://127.0.0.1:8000"}
 

@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from harness.processes import REPO
+from harness import REPO
 from tests.support.hostile import HostileServer
 from tests.support.servers import LISTENING, ServerProcess, webhook_config
 
@@ -62,6 +62,18 @@ def test_the_webhook_exits_0_at_once_on_sigterm(tmp_path):
     assert code == 0, webhook.log()
     assert seconds < PROMPT, f"took {seconds:.2f}s"
     assert "webhook stopped" in webhook.log()
+
+
+def test_the_webhook_exits_within_half_a_second_of_sigterm_when_nothing_is_in_flight(tmp_path):
+    """Issue 36: "stops at once" means within 0.5 s, with the idle keep-alive connection a scraping
+    Prometheus holds open (nothing in flight: no request, no restart under way)."""
+    with ServerProcess("webhook", "--config", str(webhook_config(tmp_path))) as webhook:
+        scraper = requests.Session()
+        assert scraper.get(webhook.url + "/metrics", timeout=5).status_code == 200
+        assert scraper.get(webhook.url + "/healthz", timeout=5).json()["jobs_in_progress"] == 0
+        code, seconds = webhook.stop()
+    assert code == 0, webhook.log()
+    assert seconds < 0.5, f"took {seconds:.2f}s"
 
 
 def _get(url: str):

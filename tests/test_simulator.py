@@ -13,9 +13,9 @@ import time
 import pytest
 import requests
 
+from hangwatch.demo.processes import Process
+from hangwatch.demo.wait import wait_until as support_wait_until
 from hangwatch.simulator import CONTENT_TYPE_METRICS, Simulator, main  # noqa: F401
-from harness.processes import Process
-from harness.wait import wait_until as support_wait_until
 from tests.sim_fixtures import CAPTURES, sample, scrape, shape, vllm_lines, wait_until
 
 # capture file -> (simulator state, state parameters, multiprocess)
@@ -453,3 +453,34 @@ def test_command_line_listens_where_it_is_told(tmp_path):
 def test_an_address_it_cannot_bind_exits_64(capsys):
     assert main(["--listen", "192.0.2.1:8000"]) == 64      # TEST-NET-1: never this host's address
     assert "cannot listen on 192.0.2.1:8000" in capsys.readouterr().err
+
+
+def test_the_controls_answer_in_every_state_unresponsive_and_dead_included(tmp_path):
+    """``/_sim/state`` is not the simulated server: an unresponsive server's controls still answer on
+    its own port (before, they were held with everything else: the only way out was a kill), and a
+    dead one's on the control port (``--control-listen``), which a kill never closes."""
+    from hangwatch.demo.chain import hangwatch_command
+    proc = Process("simulator", [*hangwatch_command(), "simulate", "--listen", "127.0.0.1:0",
+                                 "--control-listen", "127.0.0.1:0"], tmp_path / "simulator.log").start()
+    try:
+        banner = support_wait_until(lambda: re.search(r"listening on (http://\S+); controls on (http://\S+)/_sim/state",
+                                                      proc.log_text()), 20, "the simulator's banner")
+        url, control = banner.group(1), banner.group(2)
+        assert requests.post(url + "/_sim/state", json={"state": "unresponsive"}, timeout=5).ok
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            requests.get(url + "/health", timeout=0.5)          # the server answers nothing ...
+        answer = requests.get(url + "/_sim/state", timeout=5)  # ... but its controls do, on its own port
+        assert answer.json()["state"] == "unresponsive"
+        assert requests.post(url + "/_sim/state", json={"state": "idle"}, timeout=5).ok
+        assert requests.get(url + "/health", timeout=5).status_code == 200
+
+        assert requests.post(control + "/_sim/state", json={"state": "dead"}, timeout=5).ok
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(url + "/health", timeout=5)            # refused: the simulated server is gone
+        assert requests.get(control + "/_sim/state", timeout=5).json()["state"] == "dead"
+        assert requests.post(control + "/_sim/state", json={"state": "idle"}, timeout=5).ok
+        assert requests.get(url + "/health", timeout=5).status_code == 200
+        assert requests.post(control + "/_sim/state", json=["no"], timeout=5).status_code == 400
+    finally:
+        proc.stop()
+    assert proc.popen.returncode == 0, proc.log_tail()

@@ -71,3 +71,38 @@ def test_the_wheel_carries_the_same_version_and_the_license():
     assert f"\nVersion: {hangwatch.__version__}\n" in metadata
     assert "\nLicense-Expression: Apache-2.0\n" in metadata
     assert "\nRequires-Python: >=3.10\n" in metadata
+
+
+# -- one version everywhere ------------------------------------------------------------------------
+# Where a user reads or deploys the image's tag (or the repository ref the Kubernetes docs fetch
+# Components at): each must be the package version. Before, the Kubernetes docs and Components
+# built and pinned hangwatch:0.2.0 while `hangwatch --version` said 0.3.0.
+VERSIONED = {
+    r"hangwatch:(\d+\.\d+\.\d+)": ["README.md", "docs/*.md", "deploy/**/*", "examples/**/*", "Dockerfile",
+                                   "docker-compose*.yml"],
+    r"\?ref=v(\d+\.\d+\.\d+)": ["README.md", "docs/*.md", "deploy/**/*"],
+    r"newTag: \"(\d+\.\d+\.\d+)\"": ["deploy/kubernetes/base/kustomization.yaml",
+                                     "deploy/kubernetes/components/hangwatch-sidecar/kustomization.yaml"],
+    r"HANGWATCH_VERSION:-([^}]+)\}": ["docker-compose*.yml"],
+    r"\| `HANGWATCH_VERSION` \| `([^`]+)`": ["docs/configuration.md"],
+}
+
+
+def versions_written() -> dict[str, set[str]]:
+    """Every version the files above write, and where."""
+    found: dict[str, set[str]] = {}
+    for pattern, globs in VERSIONED.items():
+        for path in sorted({p for g in globs for p in REPO.glob(g) if p.is_file() and "node_modules" not in p.parts}):
+            for match in re.finditer(pattern, path.read_text(errors="replace")):
+                found.setdefault(match.group(1), set()).add(f"{path.relative_to(REPO)}: {match.group(0)}")
+    return found
+
+
+def test_image_tags_and_refs_everywhere_are_the_package_version():
+    found = versions_written()
+    assert hangwatch.__version__ in found, "no tag found at all: the patterns no longer match the files"
+    stale = {version: sorted(where) for version, where in found.items() if version != hangwatch.__version__}
+    assert not stale, f"hangwatch is {hangwatch.__version__}; these say otherwise: {stale}"
+    tagged = {line.split(":")[0] for line in found[hangwatch.__version__]}
+    assert {"docs/kubernetes.md", "docker-compose.yml", "deploy/kubernetes/base/kustomization.yaml",
+            "deploy/kubernetes/components/hangwatch-sidecar/kustomization.yaml"} <= tagged, tagged

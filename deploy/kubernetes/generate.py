@@ -18,29 +18,12 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # deploy/generated_files.py
 import generated_files  # noqa: E402
 
-
-def _source_tree_packages() -> None:
-    """Without an installed hangwatch, map its installed names onto this checkout (pyproject.toml)."""
-    import importlib.util
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root))
-    for name, folder in (("hangwatch.rules", "rules"), ("hangwatch.dashboards", "grafana/dashboards")):
-        spec = importlib.util.spec_from_file_location(name, root / folder / "__init__.py",
-                                                      submodule_search_locations=[str(root / folder)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-
-
-try:
-    from hangwatch.rules.kubernetes import dump
-    from hangwatch.rules.kubernetes import prometheus_rules as rule_objects
-    from hangwatch.rules.render import TEMPLATES, Settings
-except ImportError:
-    _source_tree_packages()
-    from hangwatch.rules.kubernetes import dump
-    from hangwatch.rules.kubernetes import prometheus_rules as rule_objects
-    from hangwatch.rules.render import TEMPLATES, Settings
+# The checkout's own hangwatch, whatever else is installed: the copies come from this tree's sources
+# (its parts installed from other folders, rules/ and grafana/dashboards/, are found by hangwatch.checkout).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hangwatch.rules.kubernetes import dump  # noqa: E402
+from hangwatch.rules.kubernetes import prometheus_rules as rule_objects  # noqa: E402
+from hangwatch.rules.render import TEMPLATES, Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = Path(__file__).resolve().parent / "base"

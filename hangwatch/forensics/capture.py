@@ -17,6 +17,7 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
+from ..install import extra_command
 from . import pyspy
 from .processes import REDACTED, SECRET_FLAGS, find_server
 from .signatures import classify
@@ -43,7 +44,7 @@ def capture(url: str, *, deadline: float = DEADLINE, native: bool = False, with_
                       "threads": []} for p in found.processes]
     tool = pyspy.find_py_spy(py_spy)
     if processes and tool is None:
-        errors.append("py-spy not found (pip install 'hangwatch[forensics]', or give its path): no stacks, "
+        errors.append(f"py-spy not found (install it: {extra_command('forensics')}; or give its path): no stacks, "
                       "process states only")
     gpu = _start_nvidia_smi()
     dumps = []

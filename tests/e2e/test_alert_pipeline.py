@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from harness.stack import HUNG, Stack
-from harness.wait import wait_for_seconds, wait_until
+from hangwatch.demo.chain import HUNG
+from hangwatch.demo.wait import wait_for_seconds, wait_until
+from harness.stack import Stack
 from tests.support.require import require_binary
 
 pytestmark = pytest.mark.real

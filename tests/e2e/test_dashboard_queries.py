@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from demo.stack import CONTAINER, TARGET, Stack
-from harness.wait import wait_until
+from hangwatch.demo.stack import CONTAINER, TARGET, Stack
+from hangwatch.demo.wait import wait_until
 from tests.support.require import require_binary
 
 pytestmark = pytest.mark.real

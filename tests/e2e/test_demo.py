@@ -1,26 +1,28 @@
-"""``python -m demo``, the one-command local demo, does what the README promises: a busy phase
+"""``hangwatch demo``, the one-command local demo, does what the README promises: a busy phase
 with no probe and no alert, then a hang that ends in exactly one (dry-run) restart decision;
-and every process it started is gone afterwards."""
+and every process it started is gone afterwards. It runs as the README says: the ``hangwatch``
+command of a plain ``pip install .``, from the checkout's root (where ``python -m demo`` once died
+with ``No module named 'hangwatch.rules'``)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from harness import REPO
 from tests.support.require import require_binary
+from tests.support.wheel import plain_install
 
 pytestmark = pytest.mark.real
 
-REPO = Path(__file__).resolve().parents[2]
 PROMISES = ("ok   busy phase: no probe sent", "ok   busy phase: no alert",
             "ok   hang: exactly one restart decision (dry-run)", "ok   hang: nothing actually restarted (dry-run)")
 
 
 def run_demo(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "demo", "--busy", "8", "--idle", "4", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(plain_install() / "bin" / "hangwatch"), "demo", "--busy", "8s", "--idle", "4s", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def pids_in(output: str) -> list[int]:

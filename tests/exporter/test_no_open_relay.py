@@ -21,10 +21,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from hangwatch.demo.files import private_file
 from hangwatch.exporter.config import ExporterConfig, exporter_config
 from hangwatch.reading import parse
 from hangwatch.settings import ConfigError
-from harness.files import private_file
 from tests.exporter.test_probe_endpoint import probe, samples
 from tests.support.pages import Page, PageServer, closed_port
 from tests.test_reading import VLLM_TWO_ENGINES

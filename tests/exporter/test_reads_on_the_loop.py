@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from hangwatch.demo.wait import wait_until
 from hangwatch.exporter.evloop import Loop
 from hangwatch.exporter.loopfetch import LoopClient
 from hangwatch.fetch import OK, REFUSED, TIMEOUT, Client, Deadline
-from harness.wait import wait_until
 from tests.support.hostile import HostileServer, SocketServer
 from tests.support.pages import Page, PageServer
 

@@ -14,10 +14,10 @@ import sys
 import pytest
 import requests
 
+from hangwatch.demo.wait import wait_until
 from hangwatch.exporter.config import ConfigError, exporter_config
 from hangwatch.liveness import RESTART_WINDOW, StartupClock, StartupDeadline
 from harness.ports import closed_port
-from harness.wait import wait_until
 
 FAST = {"liveness_interval": "300ms", "liveness_timeout": "300ms", "liveness_budget": "1500ms"}
 

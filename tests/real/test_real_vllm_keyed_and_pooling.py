@@ -14,7 +14,7 @@ import threading
 import pytest
 import requests
 
-from harness.files import private_file
+from hangwatch.demo.files import private_file
 from harness.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
 from tests.exporter.test_probe_endpoint import samples
 from tests.real.test_real_vllm_verdicts import hangwatch_check as run_check

@@ -18,9 +18,9 @@ import time
 import pytest
 import requests
 
+from hangwatch.demo.chain import hangwatch_command
+from hangwatch.demo.processes import start_server
 from hangwatch.exporter.config import ExporterConfig
-from harness.processes import start_server
-from harness.stack import hangwatch_command
 from harness.vllm_server import LONG_PROMPT_TOKENS
 from tests.real.test_real_vllm_verdicts import RUNNING, inference_requests
 

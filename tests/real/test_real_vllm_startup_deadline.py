@@ -10,8 +10,8 @@ import time
 import pytest
 import requests
 
-from harness.processes import start_server
-from harness.stack import hangwatch_command
+from hangwatch.demo.chain import hangwatch_command
+from hangwatch.demo.processes import start_server
 
 pytestmark = pytest.mark.real
 

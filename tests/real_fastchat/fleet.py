@@ -21,10 +21,10 @@ from pathlib import Path
 
 import requests
 
-from harness.ports import address_in_use, free_port, listening_ports
-from harness.processes import Process, ProcessExited
+from hangwatch.demo.processes import Process, ProcessExited, listening_ports
+from hangwatch.demo.wait import wait_until
+from harness.ports import address_in_use, free_port
 from harness.stack import Stack
-from harness.wait import wait_until
 
 CACHE = os.environ.get("HANGWATCH_CACHE", "/var/cache/hangwatch")
 MODEL_NAME = "tiny-vicuna"

@@ -17,8 +17,8 @@ import pytest
 import requests
 import yaml
 
-from harness.processes import start_server
-from harness.wait import wait_until
+from hangwatch.demo.processes import start_server
+from hangwatch.demo.wait import wait_until
 from tests.support.require import require_binary
 from tests.webhook.real_parts import backend_image, docker_client, dockerd  # noqa: F401
 

@@ -15,10 +15,10 @@ import requests
 
 from hangwatch import fastchat
 from hangwatch.check import check
+from hangwatch.demo.wait import wait_until
 from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import observe
 from hangwatch.verdict import judge
-from harness.wait import wait_until
 from tests.real_fastchat.fleet import HEARTBEAT_INTERVAL, MODEL_NAME, generate_stream
 
 pytestmark = pytest.mark.real

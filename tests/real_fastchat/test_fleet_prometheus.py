@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from hangwatch.demo.chain import HUNG
+from hangwatch.demo.wait import wait_for_seconds, wait_until
 from hangwatch.simulator import Simulator
-from harness.stack import HUNG
-from harness.wait import wait_for_seconds, wait_until
 from tests.real_fastchat.fleet import SCRAPE, fleet_stack
 from tests.real_fastchat.test_fastchat_checks import PROBE_LINE, Load
 from tests.support.require import require_binary

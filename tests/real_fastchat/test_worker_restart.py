@@ -26,11 +26,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.files import private_file
-from harness.ports import address_in_use, closed_port, free_port, listening_ports
-from harness.processes import start_server
-from harness.stack import hangwatch_command
-from harness.wait import wait_for_seconds, wait_until
+from hangwatch.demo.chain import hangwatch_command
+from hangwatch.demo.files import private_file
+from hangwatch.demo.processes import listening_ports, start_server
+from hangwatch.demo.wait import wait_for_seconds, wait_until
+from harness.ports import address_in_use, closed_port, free_port
 from tests.real_fastchat import fleet as fleet_mod
 from tests.real_fastchat.fleet import SCRAPE, fleet_stack
 from tests.support.require import require_binary

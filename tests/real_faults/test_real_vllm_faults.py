@@ -23,10 +23,11 @@ import time
 import pytest
 import requests
 
+from hangwatch.demo.chain import HUNG
+from hangwatch.demo.wait import wait_until
 from harness import tinymodel
-from harness.stack import HUNG, Stack
+from harness.stack import Stack
 from harness.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
-from harness.wait import wait_until
 from tests.support.require import require, require_binary
 
 pytestmark = pytest.mark.real

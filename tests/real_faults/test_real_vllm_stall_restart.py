@@ -14,11 +14,12 @@ import time
 import pytest
 import requests
 
-from harness.files import private_file
-from harness.processes import start_server
-from harness.stack import Stack, hangwatch_command
+from hangwatch.demo.chain import hangwatch_command
+from hangwatch.demo.files import private_file
+from hangwatch.demo.processes import start_server
+from hangwatch.demo.wait import wait_until
+from harness.stack import Stack
 from harness.vllm_server import VLLMServer, venv_path, venv_usable
-from harness.wait import wait_until
 from tests.support.require import require, require_binary
 from tests.webhook.real_parts import Backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 

@@ -12,11 +12,13 @@ import time
 import pytest
 import requests
 
-from harness.files import private_file
-from harness.processes import REPO, start_server
-from harness.stack import HUNG, Stack, hangwatch_command
+from hangwatch.demo.chain import HUNG, hangwatch_command
+from hangwatch.demo.files import private_file
+from hangwatch.demo.processes import start_server
+from hangwatch.demo.wait import wait_until
+from harness import REPO
+from harness.stack import Stack
 from harness.vllm_server import proc_title
-from harness.wait import wait_until
 from tests.support.require import require_binary
 from tests.webhook.real_parts import Backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 

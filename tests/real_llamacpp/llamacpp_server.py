@@ -4,7 +4,7 @@ The binary and the random-weight model come from ``.ci/setup-llamacpp.sh``
 (``${HANGWATCH_CACHE:-/var/cache/hangwatch}/llama.cpp/current``, or ``HANGWATCH_LLAMACPP_DIR``).
 The server binds port 0 on 127.0.0.1 (the port is read back) and is stopped by PID (thawed
 first); it also dies with the test process, so a killed pytest leaves nothing behind
-(``harness.processes``). Request sizes come from the decode rate measured here
+(``hangwatch.demo.processes``). Request sizes come from the decode rate measured here
 (:meth:`LlamaServer.n_predict_lasting`), not from one machine's numbers.
 
 Load goes through llama.cpp's native ``POST /completion``; hangwatch's idle probe uses
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import requests
 
-from harness.processes import Process, start_server
-from harness.wait import WaitTimeout, wait_until
+from hangwatch.demo.processes import Process, start_server
+from hangwatch.demo.wait import WaitTimeout, wait_until
 
 MODEL_FILE = "hangwatch-1024x12-f16.gguf"
 MEASUREMENTS = Path(__file__).resolve().parents[1] / "data" / "llamacpp" / "measurements.json"

@@ -16,10 +16,10 @@ import threading
 import time
 from pathlib import Path
 
-from harness.files import private_file
+from hangwatch.demo.files import private_file
+from hangwatch.demo.wait import WaitTimeout, wait_until
+from harness import REPO
 from harness.ports import free_port  # noqa: F401  (the tests that silence the log line take a port from here)
-from harness.processes import REPO
-from harness.wait import WaitTimeout, wait_until
 
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 TOKEN = "proc-token-0123456789-0123456789-abc"

@@ -23,10 +23,10 @@ from datetime import datetime, timezone
 import pytest
 import requests
 
-from harness.files import private_file
+from hangwatch.demo.files import private_file
+from hangwatch.demo.processes import stop_popen
+from hangwatch.demo.wait import wait_until
 from harness.ports import free_port  # noqa: F401  (sshd.py and the Alertmanager test import it here)
-from harness.processes import stop_popen
-from harness.wait import wait_until
 from tests.support.require import require, require_binary
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ HOST_PYTHON = "/usr/bin/python3"
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    """``harness.wait.wait_until`` under the name these tests use."""
+    """``hangwatch.demo.wait.wait_until`` under the name these tests use."""
     return wait_until(predicate, timeout, what, interval=interval)
 
 

@@ -19,7 +19,7 @@ import time
 
 import docker
 
-from harness.processes import stop_popen
+from hangwatch.demo.processes import stop_popen
 from tests.support.require import require, require_binary
 
 from .certs import Certs

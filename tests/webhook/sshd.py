@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 
-from harness.processes import stop_popen
+from hangwatch.demo.processes import stop_popen
 from tests.support.require import require, require_binary
 
 from .real_parts import free_port

@@ -16,9 +16,9 @@ import socket
 import pytest
 import requests
 
+from hangwatch.demo.files import private_file
 from hangwatch.webhook.server import CONNECTION_LIMIT, MAX_BODY_BYTES, MAX_HEADER_BYTES
 from harness.alert_payloads import payload
-from harness.files import private_file
 
 from .flood import Watch, flood
 from .real_parts import WebhookProcess

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
+from hangwatch.demo.files import private_file
 from hangwatch.settings import duration as parse_duration
 from hangwatch.webhook.config import ConfigError, load_config, load_reset_token, load_token, parse_config
-from harness.files import private_file
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOOD_TARGET = "  - {name: vllm-a, container: vllm-a, url: 'http://127.0.0.1:8000'}\n"

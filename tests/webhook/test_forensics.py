@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from hangwatch.demo.files import private_file
 from hangwatch.webhook.config import ConfigError, parse_config
 from hangwatch.webhook.forensics import ask
-from harness.files import private_file
 
 from .conftest import Harness
 from .fakes import FakeRechecker, payload

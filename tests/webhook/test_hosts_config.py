@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from hangwatch.demo.files import private_file
 from hangwatch.webhook import hosts as hosts_module
 from hangwatch.webhook.config import ConfigError, load_config, parse_config
 from hangwatch.webhook.limits import allowance
-from harness.files import private_file
 
 from .certs import make_certs
 

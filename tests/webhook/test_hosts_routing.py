@@ -6,8 +6,8 @@ import json
 import logging
 import time
 
+from hangwatch.demo.wait import wait_until
 from hangwatch.webhook.lookups import SLOTS
-from harness.wait import wait_until
 
 from .fakes import FakeClock, FakeRestarter, auth, iso, payload
 

@@ -16,9 +16,9 @@ import sys
 import pytest
 import yaml
 
+from hangwatch.demo.files import private_file
 from hangwatch.settings import ConfigError
 from hangwatch.webhook.config import load_config, parse_config
-from harness.files import private_file
 
 from . import certs as certs_module
 from .real_parts import REPO

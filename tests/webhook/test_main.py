@@ -6,8 +6,8 @@ import time
 
 import requests
 
+from hangwatch.demo.files import private_file
 from hangwatch.webhook.server import CONNECTION_LIMIT
-from harness.files import private_file
 
 from .real_parts import WebhookProcess
 

@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from harness.receiver import Receiver
+from hangwatch.demo.receiver import Receiver
 from tests.support.require import require_binary
 
 from .real_parts import (

@@ -21,7 +21,7 @@ import uuid
 import pytest
 import requests
 
-from harness.files import private_file
+from hangwatch.demo.files import private_file
 
 from .certs import make_certs
 from .real_parts import IMAGE, REAL_TOKEN, Backend, WebhookProcess, ledger, now_rfc3339, wait_for

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
+from hangwatch.demo.files import private_file
 from hangwatch.simulator import Simulator
 from hangwatch.webhook.app import create_app
-from harness.files import private_file
 
 from .conftest import make_config
 from .fakes import TOKEN, FakeClock, FakeRestarter, alert, iso, payload

@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
+from hangwatch.demo.files import private_file
 from hangwatch.webhook.ledger import Ledger, LedgerError
 from hangwatch.webhook.statedir import StateDirError, fleet_lock, target_lock, write_incident
-from harness.files import private_file
 
 from .real_parts import REPO
 

@@ -1,14 +1,20 @@
-"""A server process started by a test or the demo: its own log, its real port, stopped by PID.
+"""A server process started by the demo or a test: its own log, its real port, stopped by PID.
 
 :class:`Process` starts one command in its own session (process group) with its output in a
-log file, finds the port it listens on (started on port 0: ``ports.listening_ports``), waits
+log file, finds the port it listens on (started on port 0: :func:`listening_ports`), waits
 until it answers, and stops it by PID — SIGCONT first (a stopped process cannot handle
 SIGTERM), SIGTERM to its group, SIGKILL after a deadline. It also dies with the Python
 process that started it (PR_SET_PDEATHSIG), so a killed test run leaves nothing behind.
 
 A server that must be told its port before it binds (a FastChat worker, vLLM) is started on
 ``ports.free_port()`` and started again on another port when ``ports.address_in_use`` finds
-the bind failure in its log; see ``tests/real_fastchat/fleet.py`` and ``harness/vllm_server.py``.
+the bind failure in its log (``harness.ports``); see ``tests/real_fastchat/fleet.py`` and
+``harness/vllm_server.py``.
+
+A port picked by binding port 0, closing it and handing the number to a child process is free only
+until someone else takes it (under load a client connection's ephemeral port did), so a server that
+can bind port 0 is started on port 0 and :func:`listening_ports` reads the port it bound from /proc
+(its socket inodes, matched in /proc/net/tcp): no log parsing, no cooperation from the server.
 """
 from __future__ import annotations
 
@@ -21,10 +27,9 @@ from typing import Callable
 
 import requests
 
-from .ports import listening_ports
-from .wait import wait_until
+from hangwatch.forensics.processes import LISTEN, TCP_TABLES, socket_rows
 
-REPO = Path(__file__).resolve().parents[1]
+from .wait import wait_until
 
 try:  # loaded here, not in the forked child (no imports between fork and exec)
     _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
@@ -62,7 +67,7 @@ class Process:
     """One command running in its own process group, output in ``log_path``."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path | str, *, env: dict | None = None,
-                 cwd: Path | str = REPO, port: int | None = None, death_signal: int = signal.SIGTERM):
+                 cwd: Path | str | None = None, port: int | None = None, death_signal: int = signal.SIGTERM):
         self.name, self.argv, self.log_path = name, list(argv), Path(log_path)
         self.env, self.cwd, self.death_signal = env, cwd, death_signal
         self.port = port          # known in advance, or found by wait_port()
@@ -185,7 +190,7 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def start_server(name: str, argv: list[str], log_path: Path | str, ready_path: str, *,
-                 deadline: float = 30.0, env: dict | None = None, cwd: Path | str = REPO) -> Process:
+                 deadline: float = 30.0, env: dict | None = None, cwd: Path | str | None = None) -> Process:
     """Start a server whose ``argv`` binds port 0, find its port, wait until it answers."""
     process = Process(name, argv, log_path, env=env, cwd=cwd).start()
     try:
@@ -193,3 +198,26 @@ def start_server(name: str, argv: list[str], log_path: Path | str, ready_path: s
     except BaseException:
         process.stop()
         raise
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def listening_ports(pid: int) -> list[int]:
+    """TCP ports process ``pid`` listens on (IPv4 and IPv6), lowest first."""
+    inodes = _socket_inodes(pid)
+    return sorted({port for table in TCP_TABLES for _, port, state, inode in socket_rows(table)
+                   if state == LISTEN and inode in inodes})
