@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
+from harness.cpuhog import CpuHog, requested
 from tests.support.require import in_ci
 
 pytest_plugins = ["tests.support.exporters"]  # the `exporters` fixture, for every test folder
@@ -56,3 +57,28 @@ def pytest_make_collect_report(collector):
     if report.skipped and in_ci():
         report.outcome = "failed"
         report.longrepr = f"{collector.nodeid}: skipped at collection under CI ({_reason(report)})"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cpu-hog", action="store_const", const=1, default=None,
+                     help="keep one core busy for the whole run, to shake out races in the real "
+                          "tiers' waits before CI does (HANGWATCH_CPU_HOG=N: N cores)")
+
+
+def pytest_configure(config):
+    """Start the CPU hog once, in the controlling process (never in each xdist worker)."""
+    if hasattr(config, "workerinput"):
+        return
+    try:
+        cores = requested(config.getoption("--cpu-hog"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if cores:
+        config._hangwatch_cpu_hog = CpuHog(cores).start()
+        config.add_cleanup(config._hangwatch_cpu_hog.stop)
+
+
+def pytest_report_header(config):
+    hog = getattr(config, "_hangwatch_cpu_hog", None)
+    if hog is not None:
+        return f"cpu hog: {hog.cores} core(s) kept busy by PIDs {[p.pid for p in hog.processes]}"

@@ -20,6 +20,7 @@ import requests
 
 from hangwatch.demo.stack import CONTAINER, TARGET, Stack
 from hangwatch.demo.wait import wait_until
+from harness.settled import shows
 from tests.support.require import require_binary
 
 pytestmark = pytest.mark.real
@@ -87,12 +88,30 @@ def first_positive_sample(stack: Stack, selector: str) -> float | None:
     return None
 
 
-def held(stack: Stack, state: str) -> bool:
-    """Has ``state`` been the target's state at every rule evaluation for more than one step of
-    the range queries below? The rules run every fifth of a scrape, so a state that lasts one
-    scrape can fall between two steps of SCRAPE; held this long, every panel shows it."""
-    window = f"{2 * SCRAPE + 1:g}s"
-    return bool(stack.query(f'min_over_time(target:hangwatch_backend_state:current{{state="{state}"}}[{window}]) == 1'))
+STATE_SERIES = "target:hangwatch_backend_state:current"
+
+
+def state_panel(dashboard: dict) -> tuple[str, dict[str, float]]:
+    """The state-timeline panel's query (variables substituted) and its value for each state."""
+    panel = next(p for p in dashboard["panels"] if p["type"] == "state-timeline" and "state" in p["title"].lower())
+    mappings = {text["text"]: float(value) for m in panel["fieldConfig"]["defaults"]["mappings"]
+                for value, text in m["options"].items()}
+    return substitute(panel["targets"][0]["expr"], variables_for(dashboard)), mappings
+
+
+def panel_shows(stack: Stack, start: float, state: str, since: float) -> list[float]:
+    """The settled steps since ``since`` at which the state panel's own range query — from the
+    run's ``start``, every SCRAPE, as the assertions below read it — shows ``state``. A settled
+    step reads the same later (``harness.settled``), so once this is non-empty the evidence the
+    assertion needs exists; an instant query over a short window is only a proxy for it."""
+    expr, mappings = state_panel(json.loads(DASHBOARDS[0].read_text()))
+    return shows(stack, expr, STATE_SERIES, start, SCRAPE, mappings[state], since)
+
+
+def wait_shown(stack: Stack, start: float, state: str, since: float, timeout: float) -> list[float]:
+    """Wait (one deadline) until the panel's range query shows ``state`` at a settled step."""
+    return wait_until(lambda: panel_shows(stack, start, state, since), timeout,
+                      f"the state panel's range query to show {state} at a settled step", interval=SCRAPE / 4)
 
 
 @pytest.fixture(scope="module")
@@ -103,16 +122,18 @@ def run():
     with Stack(scrape_interval=SCRAPE, recheck_interval=1.0) as stack:
         start = time.time()
         try:
-            # Each state held for more than one step (held() is the state now, and at every
-            # rule evaluation of the last 2 scrapes + 1 s): every panel below shows it.
-            wait_until(lambda: held(stack, "idle"), 40, "the idle state held for more than one step")
+            # Each phase ends only when the evidence the assertions read exists: the state panel's
+            # own range query (from `start`, every SCRAPE) shows the phase's state at a settled step.
+            wait_shown(stack, start, "idle", start, 40)
             wait_until(lambda: stack.query("hangwatch_probe_duration_seconds"), 20, "an idle probe reading")
+            busy_from = time.time()
             stack.drive("busy", n=3)
-            wait_until(lambda: held(stack, "busy"), 50, "the busy state held for more than one step")
+            wait_shown(stack, start, "busy", busy_from, 50)
+            hung_from = time.time()
             stack.drive("frozen")
             wait_until(lambda: stack.webhook_metric("hangwatch_webhook_decisions_total", action="restart"),
                        90, "the webhook's restart decision")
-            wait_until(lambda: held(stack, "hung"), 30, "the hung state held for more than one step")
+            wait_shown(stack, start, "hung", hung_from, 30)
             # The backend recovers; an alert about it arrives late: the webhook re-checks and skips.
             stack.drive("busy", n=2)
             now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
@@ -151,10 +172,8 @@ def test_every_dashboard_query_returns_data_on_real_series(run, path):
 def test_the_state_timeline_shows_idle_busy_and_hung(run):
     stack, start, end = run
     dashboard = json.loads(DASHBOARDS[0].read_text())
-    panel = next(p for p in dashboard["panels"] if p["type"] == "state-timeline" and "state" in p["title"].lower())
-    mappings = {text["text"]: float(value) for m in panel["fieldConfig"]["defaults"]["mappings"]
-                for value, text in m["options"].items()}
-    result = stack.query_range(substitute(panel["targets"][0]["expr"], variables_for(dashboard)), start, end, SCRAPE)
+    expr, mappings = state_panel(dashboard)
+    result = stack.query_range(expr, start, end, SCRAPE)
     assert [series["metric"] for series in result] == [{"target": TARGET}]
     seen = {float(v) for _, v in result[0]["values"]}
     assert {mappings["idle"], mappings["busy"], mappings["hung"]} <= seen, seen
