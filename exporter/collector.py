@@ -186,8 +186,8 @@ class BackendCollector:
     """One probe's series for one target: its observation plus the engine's version.
 
     The version is asked within the probe's one deadline, and only when ``versions`` (optional,
-    ``exporter.reuse.VersionCache``) does not know it for this process: a busy backend is asked
-    one request per scrape, not two. No reading is kept between scrapes.
+    ``exporter.reuse.VersionCache``) does not know it for this process and is not backing off an
+    unread one: a busy backend is asked one request per scrape, not two. No reading is kept between scrapes.
     """
 
     def __init__(self, target: str, module: str, budget: float, options: Options = Options(),
@@ -211,7 +211,7 @@ class BackendCollector:
         reading = observation.reading
         if reading is not None and not version:
             version = self.known_version(observation)
-            if not version:
+            if not version and not self.backing_off(observation):
                 version = engine_version(self.client, self.target.rstrip("/"), reading.engine, deadline,
                                          self.options)
                 if self.versions is not None:
@@ -223,7 +223,14 @@ class BackendCollector:
         """True when ``series`` would send a request: ``known`` (what ``known_version`` said for
         this observation) is None and the engine has a version endpoint, with time left to ask."""
         reading = observation.reading
-        return reading is not None and not known and version_due(reading.engine, deadline)
+        return (reading is not None and not known and not self.backing_off(observation)
+                and version_due(reading.engine, deadline))
+
+    def backing_off(self, observation: Observation) -> bool:
+        """True while this process's version could not be read and is not to be asked yet."""
+        reading = observation.reading
+        return (reading is not None and self.versions is not None
+                and self.versions.backing_off(self.target, reading.engine, reading.process_start))
 
 
 def _label_value(value: str) -> str:
