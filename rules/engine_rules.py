@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .windows import format_duration, progress_expr, readings_expr, readings_for
 
 if TYPE_CHECKING:
-    from .render import Settings
+    from .settings import Settings
 
 PROGRESS_3 = "target:hangwatch_engine_progress:changes_3scrapes"  # recorded before the grace rule
 

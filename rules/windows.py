@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .render import Settings
+    from .settings import Settings
 
 # Where a window's edge sits between two readings, as a share of the scrape interval: half-way,
 # as far as can be from every reading (see the header render.py writes).
