@@ -6,10 +6,16 @@ rules recorded, whether a state held, when a series was last scraped — each wa
 """
 from __future__ import annotations
 
+import math
 import time
 
 from hangwatch.demo.chain import Chain
 from hangwatch.demo.wait import wait_until
+
+
+def window(seconds: float) -> str:
+    """A PromQL range of at least ``seconds``, to the millisecond (whole seconds round it)."""
+    return f"{max(1, math.ceil(seconds * 1000))}ms"
 
 
 class Stack(Chain):
@@ -56,10 +62,29 @@ class Stack(Chain):
         self.wait_states({target or self.default_target: state}, timeout)
 
     def ever(self, state: str, seconds: float, target: str | None = None) -> bool:
-        """Was ``state`` 1 at any rule evaluation in the last ``seconds``?"""
+        """Was ``state`` 1 at any rule evaluation in the last ``seconds``? The window is those
+        seconds to the millisecond: rounded to whole seconds it reached up to half a second before
+        the span a caller meant (or fell as short of it), and 0.4 s became a whole second."""
         value = self.value(f'max_over_time(target:hangwatch_backend_state:current'
-                           f'{{target="{target or self.default_target}",state="{state}"}}[{max(1, round(seconds))}s])')
+                           f'{{target="{target or self.default_target}",state="{state}"}}[{window(seconds)}])')
         return bool(value)
+
+    def wait_judged(self, since: float, target: str | None = None, timeout: float | None = None) -> None:
+        """Wait until the rules have judged a reading of ``target`` scraped at or after ``since``
+        (``time.time()``). "Never hung up to ``since``" read before then is true for want of
+        evidence: the last readings of the span are not judged yet. A scrape's samples carry its
+        start time and land when it ends (up to a scrape timeout later); an evaluation stamped
+        after that has them."""
+        target = target or self.default_target
+
+        def judged():
+            self.check_alive()
+            scraped = self.value(f'timestamp(up{{job="hangwatch",target="{target}"}})')
+            evaluated = self.value(f'max(timestamp(target:hangwatch_backend_state:current{{target="{target}"}}))')
+            return (scraped is not None and evaluated is not None and scraped >= since
+                    and evaluated >= scraped + self.scrape_timeout)
+        wait_until(judged, timeout or 4 * self.scrape_interval + 2 * self.scrape_timeout + 5,
+                   f"the rules to judge a reading of {target} scraped after {since:.1f}", interval=0.2)
 
     def ever_state(self, target: str, state: str, seconds: float) -> bool:
         return self.ever(state, seconds, target)

@@ -634,6 +634,7 @@ class VLLMServer:
         while, and the timing tests must not start before it recovered)."""
         if not self.alive():
             raise ServerDied(f"vLLM is not running\n{self.log_tail()}")
+        before = _completions_counted(self.metrics(timeout=deadline_s))
         self.complete("ping", max_tokens=1, timeout=deadline_s)
         streak, last, counted = 0, None, None
         deadline = time.monotonic() + deadline_s
@@ -641,11 +642,12 @@ class VLLMServer:
             started = time.monotonic()
             page = self.metrics(timeout=deadline_s)
             last = time.monotonic() - started
-            # ... and the completion fully counted (a test's "before" must not catch it half-way)
-            now_counted = (page.value("vllm:request_success_total"),
-                           sum(v for (n, labels), v in page.samples.items()
-                               if n == "http_requests_total" and ("handler", "/v1/completions") in labels))
-            streak = streak + 1 if last < fast_s and now_counted == counted else 0
+            # ... and the completion fully counted, by the engine AND by the API server (a test's
+            # "before" must not catch it half-way). Counts merely standing still for a few pages
+            # were no proof: both can stand still before either has counted the ping.
+            now_counted = _completions_counted(page)
+            in_both = all(now > was for now, was in zip(now_counted, before))
+            streak = streak + 1 if last < fast_s and in_both and now_counted == counted else 0
             counted = now_counted
             if streak < in_a_row and time.monotonic() > deadline:
                 raise TimeoutError(f"/metrics still slow after {deadline_s} s (last page: {last:.2f} s)")
@@ -732,6 +734,14 @@ def _die_with_parent() -> None:
     thread that lives as long as they should (pytest fixtures and capture.py: the main one)."""
     if _prctl is not None:
         _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _completions_counted(page: Page) -> tuple[float, float]:
+    """(the engine's successes, the API server's /v1/completions answers): each counts a request
+    on its own, at a moment of its own."""
+    return (page.value("vllm:request_success_total") or 0.0,
+            sum(v for (n, labels), v in page.samples.items()
+                if n == "http_requests_total" and ("handler", "/v1/completions") in labels))
 
 
 def _exists(pid: int) -> bool:

@@ -13,7 +13,7 @@ import pytest
 
 from hangwatch.demo.chain import HUNG
 from hangwatch.demo.wait import wait_for_seconds, wait_until
-from harness.stack import Stack
+from harness.stack import Stack, window
 from tests.support.require import require_binary
 
 pytestmark = pytest.mark.real
@@ -70,7 +70,7 @@ def test_saturation_and_long_prefill_never_alert(stack):
     seconds = time.monotonic() - started + 2
     assert not stack.ever("hung", seconds), "a busy engine was judged hung"
     assert stack.ever("busy", seconds)
-    assert not stack.query(f'count_over_time(ALERTS{{alertname="{HUNG}"}}[{round(seconds)}s])')
+    assert not stack.query(f'count_over_time(ALERTS{{alertname="{HUNG}"}}[{window(seconds)}])')
     assert not _hang_notifications(stack)
 
 
@@ -84,9 +84,10 @@ def test_restart_mid_window_is_restarted_not_hung(stack):
     frozen_at = time.time()
     wait_until(lambda: stack.latest_sample_time("hangwatch_engine_steps_total") > frozen_at + 0.05, 10,
                "one reading of the frozen engine in Prometheus")
+    restarted_at = time.monotonic()  # "restarted" from here on is this restart's, nothing earlier
     stack.sim.restart()
     stack.sim.set_state("busy", n=2)
-    wait_until(lambda: stack.ever("restarted", time.monotonic() - started + 2), 15, "the restarted state")
+    wait_until(lambda: stack.ever("restarted", time.monotonic() - restarted_at), 15, "the restarted state")
     stack.wait_state("busy")
     # The info alert reaches people (its for: 1m and 10m window are retimed to 4 s and 40 s).
     wait_until(lambda: stack.receiver.alerts("/people", "HangwatchBackendRestarted"), 30,

@@ -17,7 +17,9 @@ import requests
 from hangwatch.demo.files import private_file
 from harness.vllm_server import MODEL_NAME, VLLMServer, venv_path, venv_usable
 from tests.exporter.test_probe_endpoint import samples
+from tests.real.test_real_vllm_verdicts import both_counted
 from tests.real.test_real_vllm_verdicts import hangwatch_check as run_check
+from tests.real.test_real_vllm_verdicts import inference_requests as served
 from tests.support.require import require
 
 pytestmark = pytest.mark.real
@@ -64,16 +66,10 @@ def hangwatch_check(url, *args):
     return result
 
 
-def served(page, handler: str) -> float:
-    """Requests vLLM answered on ``handler``, counted by vLLM itself, plus its engine's successes."""
-    http = sum(v for (name, labels), v in page.series("http_requests_total").items()
-               if ("handler", handler) in labels)
-    return http + (page.value("vllm:request_success_total") or 0)
-
-
-def counted(server, handler, before, what):
-    """vLLM's counters once they have moved past ``before`` (it counts a request as it ends)."""
-    return served(server.wait_until(lambda p: served(p, handler) > before, 15, what=what), handler)
+def counted(server, handler, before, what) -> float:
+    """vLLM's counts of requests on ``handler`` (HTTP answers plus engine successes) once BOTH have
+    moved past the page ``before`` (it counts a request as it ends, in each counter on its own)."""
+    return served(both_counted(server, before, handler, what), handler)
 
 
 # -- --api-key ------------------------------------------------------------------------------------
@@ -87,11 +83,12 @@ def test_keyed_vllm_keeps_metrics_open_and_refuses_the_api_without_the_key(keyed
 
 def test_keyed_idle_server_with_the_key_is_idle_after_exactly_one_probe(keyed, key_file):
     keyed.wait_idle(60)
-    before = served(keyed.metrics(), "/v1/completions")
+    before = keyed.metrics()
     result = hangwatch_check(keyed.url, "--interval", "1", "--api-key-file", key_file)
     assert (result["verdict"], result["exit_code"], result["probe_sent"]) == ("idle", 0, True), result["reason"]
     assert result["probe"]["outcome"] == "answered" and result["probe"]["kind"] == "completion"
-    assert counted(keyed, "/v1/completions", before, "the probe counted") == before + 2  # one request
+    assert counted(keyed, "/v1/completions", before, "the probe counted") == \
+        served(before, "/v1/completions") + 2  # one request
 
 
 def test_keyed_idle_server_without_the_key_is_never_hung_and_says_why(keyed):
@@ -147,11 +144,12 @@ def test_pooling_server_has_no_completions_route(pooling):
 
 def test_pooling_idle_server_is_idle_via_one_embedding(pooling):
     pooling.wait_idle(60)
-    before = served(pooling.metrics(), "/v1/embeddings")
+    before = pooling.metrics()
     result = hangwatch_check(pooling.url, "--interval", "1")
     assert (result["verdict"], result["exit_code"]) == ("idle", 0), result["reason"]
     assert result["probe"]["kind"] == "embedding" and result["probe"]["outcome"] == "answered"
-    assert counted(pooling, "/v1/embeddings", before, "the embedding probe counted") == before + 2
+    assert counted(pooling, "/v1/embeddings", before, "the embedding probe counted") == \
+        served(before, "/v1/embeddings") + 2
 
 
 def test_pooling_server_busy_with_long_embeddings_is_never_hung(pooling):

@@ -55,6 +55,8 @@ def test_busy_real_vllm_never_alerts_and_a_frozen_one_alerts_once(vllm, stack):
         before = inference_requests(vllm.metrics())
         busy_from = time.monotonic()
         wait_for_seconds(5 * SCRAPE, "five scrapes of a busy server", check=stack.check_alive)
+        # What the rules said of those scrapes, once they said it of the last one too.
+        stack.wait_judged(time.time())
         busy_seconds = time.monotonic() - busy_from
         # Every rule evaluation over those five scrapes: busy, never anything else. (None is
         # a scrape gap, no reading at all: no verdict, but it must stay rare.)

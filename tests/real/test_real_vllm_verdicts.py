@@ -18,7 +18,7 @@ import pytest
 from hangwatch.fetch import Client, Deadline
 from hangwatch.observe import observe_backend
 from hangwatch.verdict import judge
-from harness.vllm_server import LONG_PROMPT_TOKENS
+from harness.vllm_server import LONG_PROMPT_TOKENS, Page
 
 pytestmark = pytest.mark.real
 
@@ -34,20 +34,34 @@ def hangwatch_check(url, *args, timeout_s=120):
     return result
 
 
-def inference_requests(page) -> float:
-    """Completions vLLM has answered, counted by vLLM itself (two independent counters)."""
-    http = sum(v for (name, labels), v in page.series("http_requests_total").items()
-               if ("handler", "/v1/completions") in labels)
-    return http + (page.value("vllm:request_success_total") or 0)
+def counts(page, handler: str = "/v1/completions") -> tuple[float, float]:
+    """(requests answered on ``handler``, the engine's successes): vLLM's two counts of a request,
+    each incremented on its own (the HTTP one by the API server as the answer goes out)."""
+    http = sum(v for (name, labels), v in page.series("http_requests_total").items() if ("handler", handler) in labels)
+    return http, page.value("vllm:request_success_total") or 0
+
+
+def inference_requests(page, handler: str = "/v1/completions") -> float:
+    """Requests vLLM has answered, counted by vLLM itself (two independent counters, summed)."""
+    return sum(counts(page, handler))
+
+
+def both_counted(server, before, handler: str = "/v1/completions", what: str = "the request counted") -> Page:
+    """The first page on which BOTH of vLLM's counters moved past ``before``'s. Their sum moving is
+    no proof: a page where only one had moved yet ends that wait half-way, and a test reading
+    "exactly one request" off it then saw half of one."""
+    then = counts(before, handler)
+    return server.wait_until(lambda p: all(now > was for now, was in zip(counts(p, handler), then)), 15,
+                             what=f"{what} (HTTP and engine counters)")
 
 
 def test_idle_server_is_idle_after_exactly_one_tiny_probe(vllm):
-    before = inference_requests(vllm.metrics())
+    before = vllm.metrics()
     result = hangwatch_check(vllm.url, "--interval", "1")
     assert (result["verdict"], result["exit_code"], result["probe_sent"]) == ("idle", 0, True)
     assert result["engine"] == "vllm" and result["models"] == ["tiny-llama"]
-    after = vllm.wait_until(lambda p: inference_requests(p) > before, 10, what="the probe counted")
-    assert inference_requests(after) == before + 2  # one request: one http count, one success
+    after = both_counted(vllm, before, what="the probe counted")
+    assert inference_requests(after) == inference_requests(before) + 2  # one request: one http count, one success
 
 
 def test_four_long_generations_are_busy_and_hangwatch_sends_nothing(vllm):

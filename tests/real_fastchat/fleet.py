@@ -151,12 +151,13 @@ class Fleet:
 
     def _launch_worker(self, role: str, model_name: str, register: bool) -> Server:
         port = free_port()
+        controller_from = self.controller.log_size()  # its registration is logged after this
         worker = Server(role, self._argv("fastchat.serve.model_worker", [
             "--host", "127.0.0.1", "--port", str(port), "--worker-address", f"http://127.0.0.1:{port}",
             "--controller-address", self.controller.url, "--model-path", model_path(),
             "--model-names", model_name, "--device", "cpu", "--stream-interval", "1",
             *([] if register else ["--no-register"])]), self._log(f"{role}-{port}"), self.env(), self.workdir, port)
-        worker.launch = (model_name, register)
+        worker.launch, worker.controller_from = (model_name, register), controller_from
         return worker.start()
 
     def wait_worker_ready(self, worker: Server, timeout: float = 120, registered: bool = True) -> Server:
@@ -183,7 +184,12 @@ class Fleet:
         wait_until(answers, timeout, f"{worker.role} answers /worker_get_status", interval=0.3,
                    ignore=(requests.RequestException,))
         if registered:
-            wait_until(lambda: worker.url in self.controller.log(), timeout, f"{worker.role} registered")
+            # The controller's own word, since this worker's launch: its URL anywhere in the log
+            # was also an earlier worker's on the same port, its removal, or a registration the
+            # controller had begun ("Register a new worker") and not yet done.
+            done = f"Register done: {worker.url}, "
+            wait_until(lambda: done in self.controller.log_since(worker.controller_from), timeout,
+                       f"{worker.role} registered at the controller")
         return worker
 
     def wait_forgotten(self, url: str) -> None:

@@ -81,6 +81,9 @@ def test_one_config_shows_every_member_and_never_hurts_a_busy_worker(stack, flee
     busy_log = worker.log_since(offset)  # read while the worker is still busy
     assert fleet.queue_length(worker) >= 1, "the load ended too early to prove anything"
     assert stack.states()["fc-worker-0"] == "busy"
+    busy_until = time.time()
+    # "Never hung" holds only once the rules judged the busy span's last readings.
+    stack.wait_judged(busy_until, "fc-worker-0")
     for load in loads:
         assert load.cancel() is None
     # Never probed while busy (the worker's own access log), never hung, never alerted.

@@ -35,6 +35,8 @@ MEASUREMENTS = Path(__file__).resolve().parents[1] / "data" / "llamacpp" / "meas
 SLOTS = 4
 CONTEXT = 4096
 BATCH = 4096  # -b and -ub: one 3,900-token prompt is ONE llama_decode() call (REAL-PARTS)
+# One slot task's first and last log lines (llama-server's SLT_INF, at its default verbosity).
+TASK_STARTED, TASK_ENDED = "processing task", "stop processing"
 
 
 def llamacpp_dir() -> str:
@@ -179,8 +181,24 @@ class LlamaServer:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def tasks_launched(self) -> int:
-        """Slot tasks the server started (one per request: ours and any probe)."""
-        return self.log_text().count("processing task")
+        """Slot tasks the server started (one per request: ours and any probe), as its log says
+        so far; to count, use :meth:`tasks_logged`."""
+        return self.log_text().count(TASK_STARTED)
+
+    def tasks_logged(self, in_flight: int = 0, at_least: int = 0, deadline_s: float = 30) -> int:
+        """Slot tasks started, once the log shows exactly ``in_flight`` of them without their end
+        and at least ``at_least`` started. llama.cpp writes its log from a thread of its own: a
+        count read the moment a request was answered (or ``/metrics`` said idle) can miss the
+        lines of tasks already done, and a "before" read so would count them later as new."""
+        def settled():
+            text = self.log_text()
+            started, ended = text.count(TASK_STARTED), text.count(TASK_ENDED)
+            return (started,) if started - ended == in_flight and started >= at_least else None
+        try:
+            return wait_until(settled, deadline_s, f"the log to show every task's start and end "
+                                                   f"({in_flight} running, {at_least} or more started)")[0]
+        except WaitTimeout as exc:
+            raise WaitTimeout(f"{exc}\n{self.log_tail()}") from None
 
     def wait_until(self, predicate, deadline_s: float, what: str, interval: float = 0.1) -> str:
         """Poll /metrics until ``predicate(text)``; return that page."""

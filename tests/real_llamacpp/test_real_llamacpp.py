@@ -42,7 +42,7 @@ def info_engine(series: dict) -> str:
 
 
 def test_idle_server_is_probed_and_only_then(llamacpp):
-    tasks, predicted = llamacpp.tasks_launched(), llamacpp.value(PREDICTED)
+    tasks, predicted = llamacpp.tasks_logged(), llamacpp.value(PREDICTED)
     result = check(llamacpp.url, interval=1, timeout=10)
     assert result.verdict.state == "idle", result.verdict.reason
     assert result.exit_code == 0 and result.probe_sent
@@ -53,13 +53,13 @@ def test_idle_server_is_probed_and_only_then(llamacpp):
     assert info_engine(series) == "llamacpp"
     # llama.cpp's side: exactly two 1-token tasks (check's probe and the exporter's).
     llamacpp.wait_idle()
-    assert llamacpp.tasks_launched() - tasks == 2, llamacpp.log_tail()
+    assert llamacpp.tasks_logged(at_least=tasks + 2) - tasks == 2, llamacpp.log_tail()
     assert llamacpp.value(PREDICTED) - predicted == 2
 
 
 def test_four_busy_slots_and_two_deferred_are_busy_and_never_probed(llamacpp):
     n_predict = llamacpp.n_predict_lasting(3, concurrent=SLOTS)  # 4 at a time: twice that; check takes ~2 s
-    tasks, predicted = llamacpp.tasks_launched(), llamacpp.value(PREDICTED)
+    tasks, predicted = llamacpp.tasks_logged(), llamacpp.value(PREDICTED)
     load = llamacpp.completions(6, n_predict=n_predict)
     llamacpp.wait_until(lambda t: metric(t, PROCESSING) == 4 and metric(t, DEFERRED) == 2, 60,
                         "4 processing + 2 deferred")
@@ -78,7 +78,7 @@ def test_four_busy_slots_and_two_deferred_are_busy_and_never_probed(llamacpp):
     assert not load.errors, load.errors
     llamacpp.wait_idle()
     # llama.cpp's own record: our six tasks and nothing else; exactly our tokens.
-    assert llamacpp.tasks_launched() - tasks == 6, llamacpp.log_tail()
+    assert llamacpp.tasks_logged(at_least=tasks + 6) - tasks == 6, llamacpp.log_tail()
     assert llamacpp.value(PREDICTED) - predicted == 6 * n_predict
 
 
@@ -104,7 +104,7 @@ def test_one_long_prompt_batch_is_busy_not_hung(llamacpp):
     # decoding after the batch outlasts a check interval (and fits the context after the prompt)
     answer_tokens = llamacpp.n_predict_lasting(INTERVAL + 0.5, prompt_tokens=LONG_PROMPT_TOKENS)
     before = llamacpp.metrics_text()
-    tasks = llamacpp.tasks_launched()
+    tasks = llamacpp.tasks_logged()
     samples: list[tuple[float, float, float, float]] = []
     stop = threading.Event()
 
@@ -143,7 +143,7 @@ def test_one_long_prompt_batch_is_busy_not_hung(llamacpp):
     assert series[("hangwatch_requests_in_flight", ())] == 1
     assert not any(name in ("hangwatch_probe_success", "hangwatch_probe_duration_seconds") for name, _ in series)
     assert series[("hangwatch_probe_failed", ())] == 0
-    assert llamacpp.tasks_launched() - tasks == 1  # the prompt itself, no probe
+    assert llamacpp.tasks_logged(at_least=tasks + 1) - tasks == 1  # the prompt itself, no probe
 
     # The measured fact behind the grace: the longest stretch with the prompt in flight and
     # n_decode_total and prompt_tokens_total flat.
@@ -184,7 +184,7 @@ def test_slots_advance_only_at_batch_boundaries(llamacpp):
 def test_stopped_process_is_hung_and_healthy_again_after_cont(llamacpp):
     load = llamacpp.completions(4, n_predict=llamacpp.n_predict_lasting(4, concurrent=4))  # paused while frozen
     llamacpp.wait_until(lambda t: metric(t, PROCESSING) == 4, 60, "4 processing")
-    tasks = llamacpp.tasks_launched()
+    tasks = llamacpp.tasks_logged(in_flight=4)  # the four started, nothing else in flight
     before_freeze = llamacpp.metrics_text()
     llamacpp.freeze()
     try:
@@ -204,7 +204,7 @@ def test_stopped_process_is_hung_and_healthy_again_after_cont(llamacpp):
     load.wait(300)
     assert not load.errors, load.errors
     llamacpp.wait_idle()
-    assert llamacpp.tasks_launched() == tasks  # no probe reached it, frozen or thawed
+    assert llamacpp.tasks_logged() == tasks  # no probe reached it, frozen or thawed
     assert check(llamacpp.url, interval=1, timeout=10).verdict.state == "idle"
 
 

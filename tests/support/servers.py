@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from hangwatch.demo.files import private_file
+from hangwatch.demo.processes import listening_ports
 from hangwatch.demo.wait import WaitTimeout, wait_until
 from harness import REPO
 from harness.ports import free_port  # noqa: F401  (the tests that silence the log line take a port from here)
@@ -70,7 +71,8 @@ class ServerProcess:
         def accepts():
             self._alive()
             socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-            return True
+            # Accepted by this process: on a port it was given, someone else may hold it.
+            return self.port in listening_ports(self.process.pid)
         try:
             wait_until(accepts, timeout, f"{self.command} accepting on {self.port}", interval=0.02, ignore=(OSError,))
         except (WaitTimeout, AssertionError):

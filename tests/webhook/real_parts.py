@@ -24,9 +24,9 @@ import pytest
 import requests
 
 from hangwatch.demo.files import private_file
-from hangwatch.demo.processes import stop_popen
+from hangwatch.demo.processes import listening_ports, stop_popen
 from hangwatch.demo.wait import wait_until
-from harness.ports import free_port  # noqa: F401  (sshd.py and the Alertmanager test import it here)
+from harness.ports import address_in_use, free_port
 from tests.support.require import require, require_binary
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -109,24 +109,38 @@ def backend_image(docker_client):
 
 
 class Backend:
-    """One fake-vLLM container; ``mode`` flips hung/busy/idle; ``restarts()`` counts Docker's restart events."""
+    """One fake-vLLM container; ``mode`` flips hung/busy/idle; ``restarts()`` counts Docker's restart events.
+
+    It must keep its port across restarts (the webhook's config names its URL), so it is given a
+    free port, and made again on another when that one was taken before it bound it."""
 
     def __init__(self, client, image, directory: pathlib.Path, ignore_sigterm: bool = False, name: str | None = None):
         self.client = client
         self.name = name or f"hw-test-{uuid.uuid4().hex[:8]}"
+        for attempt in range(1, 6):
+            self._run(image, directory, ignore_sigterm)
+            try:
+                self.wait_ready()
+                return
+            except AssertionError:
+                clash = address_in_use(self.logs())
+                self.remove()
+                if attempt == 5 or not clash:
+                    raise
+
+    def _run(self, image, directory: pathlib.Path, ignore_sigterm: bool) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.mode_dir = directory / f"{self.name}-{self.port}"
         self.mode_dir.mkdir(parents=True)
         self.set_mode("hung")
         self.created = int(time.time()) - 1
-        self.container = client.containers.run(
+        self.container = self.client.containers.run(
             image, [HOST_PYTHON, "/app/fake_backend.py", str(self.port), "/mode/mode",
                     *(["--ignore-sigterm"] if ignore_sigterm else [])], name=self.name,
             detach=True, init=True, network_mode="host",
             volumes={"/usr": {"bind": "/usr", "mode": "ro"}, str(HERE): {"bind": "/app", "mode": "ro"},
                      str(self.mode_dir): {"bind": "/mode", "mode": "ro"}})
-        self.wait_ready()
 
     def set_mode(self, mode: str) -> None:
         (self.mode_dir / "mode").write_text(mode)
@@ -135,8 +149,29 @@ class Backend:
         self.container.reload()
         return self.container.attrs["State"]["StartedAt"]
 
+    def logs(self) -> str:
+        return self.container.logs().decode(errors="replace")
+
     def wait_ready(self, timeout: float = 20) -> None:
-        wait_for(lambda: answers(self.url + "/metrics"), timeout, f"{self.name} to answer /metrics")
+        """Until this container's own server answers /metrics: an answer on its port from
+        anyone else (a port taken before it bound it) is not its readiness."""
+        def ready():
+            self.container.reload()
+            if self.container.status in ("exited", "dead"):
+                raise AssertionError(f"{self.name} {self.container.status}:\n{self.logs()[-2000:]}")
+            server = self._server_pid()
+            return server is not None and answers(self.url + "/metrics") and self.port in listening_ports(server)
+        wait_for(ready, timeout, f"{self.name}'s own server to answer /metrics on {self.port}")
+
+    def _server_pid(self) -> int | None:
+        """The fake backend's process: the one child of the container's init (None: not yet)."""
+        init = self.container.attrs["State"]["Pid"]
+        try:
+            with open(f"/proc/{init}/task/{init}/children") as f:
+                children = [int(pid) for pid in f.read().split()]
+        except OSError:
+            return None
+        return children[0] if len(children) == 1 else None
 
     def restarts(self) -> int:
         events = self.client.events(since=self.created, until=int(time.time()) + 1, decode=True,
@@ -180,19 +215,29 @@ def webhook_config(tmp_path: pathlib.Path, backends, *, state_dir=None, cooldown
 
 
 class WebhookProcess:
-    """``hangwatch webhook`` as a real process on a free loopback port."""
+    """``hangwatch webhook`` as a real process on loopback port 0: the port it bound is read from
+    /proc, and it is ready when it answers /healthz itself (on a port guessed free, anyone who
+    took it meanwhile answered for it, or it failed to bind and the test met someone else)."""
 
     def __init__(self, config: pathlib.Path, log_path: pathlib.Path, *extra: str, env: dict | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "hangwatch", "webhook", "--config", str(config), "--listen",
-             f"127.0.0.1:{self.port}", *extra], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+             "127.0.0.1:0", *extra], cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})})
-        wait_for(lambda: self.process.poll() is not None or answers(self.url + "/healthz"), 20, "webhook /healthz")
-        assert self.process.poll() is None, self.log()
+
+        def listening():
+            assert self.process.poll() is None, self.log()
+            ports = listening_ports(self.process.pid)
+            return ports[0] if len(ports) == 1 else None
+        try:
+            self.port = wait_for(listening, 20, "the webhook to listen")
+            self.url = f"http://127.0.0.1:{self.port}"
+            wait_for(lambda: self.process.poll() is None and answers(self.url + "/healthz"), 20, "webhook /healthz")
+        except BaseException:
+            self.stop()
+            raise
 
     def idle(self) -> bool:
         return requests.get(self.url + "/healthz", timeout=2).json()["jobs_in_progress"] == 0

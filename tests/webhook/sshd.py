@@ -14,12 +14,11 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
-import time
 
-from hangwatch.demo.processes import stop_popen
+from hangwatch.demo.processes import listening_ports, stop_popen
+from hangwatch.demo.wait import WaitTimeout, wait_until
+from harness.ports import address_in_use, free_port
 from tests.support.require import require, require_binary
-
-from .real_parts import free_port
 
 START_DEADLINE = 20.0
 
@@ -39,6 +38,22 @@ class SSHServer:
         client_key = (self.home / ".ssh" / "id_ed25519.pub").read_text().strip()
         authorized = self.root / "authorized_keys"
         authorized.write_text(f'restrict,command="docker system dial-stdio" {client_key}\n')
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        self.log_path = self.root / "sshd.log"
+        self._log = open(self.log_path, "wb")
+        # sshd must be told its port: a port free a moment ago may be taken before it binds it
+        # (it then says so and exits), so it starts again on another.
+        for attempt in range(1, 6):
+            self._start(sshd, authorized)
+            if self._wait_listening():
+                break
+            if attempt == 5 or not address_in_use(self.log()):
+                self.close()
+                raise AssertionError(f"sshd did not start:\n{self.log()[-2000:]}")
+        self.url = f"ssh://root@127.0.0.1:{self.port}"
+        self._keygen = keygen
+
+    def _start(self, sshd: str, authorized: pathlib.Path) -> None:
         self.port = free_port()
         host_key = (self.root / "host_key.pub").read_text().split()
         (self.home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n")
@@ -48,19 +63,25 @@ class SSHServer:
             f"PidFile {self.root / 'sshd.pid'}", f"AuthorizedKeysFile {authorized}",
             "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "UsePAM no", "StrictModes no", "LogLevel VERBOSE", ""]))
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
-        self.log_path = self.root / "sshd.log"
-        self._log = open(self.log_path, "wb")
+        self._log.seek(0)
+        self._log.truncate()  # this attempt's log only: the bind failure read is this one's
         self.process = subprocess.Popen([sshd, "-D", "-e", "-f", str(config)], stdout=self._log,
                                         stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_DEADLINE
-        while f"Server listening on 127.0.0.1 port {self.port}" not in self.log():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise AssertionError(f"sshd did not start:\n{self.log()[-2000:]}")
-            time.sleep(0.05)
-        self.url = f"ssh://root@127.0.0.1:{self.port}"
-        self._keygen = keygen
+
+    def _wait_listening(self) -> bool:
+        """True once this sshd says it listens on its port (and holds it); False if it exited."""
+        def said():
+            if self.process.poll() is not None:
+                return "exited"
+            if f"Server listening on 127.0.0.1 port {self.port}" in self.log() \
+                    and self.port in listening_ports(self.process.pid):
+                return "listening"
+            return None
+        try:
+            return wait_until(said, START_DEADLINE, f"sshd to listen on {self.port}", interval=0.05) == "listening"
+        except WaitTimeout:
+            self.close()
+            raise AssertionError(f"sshd did not start:\n{self.log()[-2000:]}") from None
 
     def impostor_home(self) -> pathlib.Path:
         """A HOME with the same client key whose known_hosts holds another key for this server

@@ -8,12 +8,11 @@ webhook, the people receiver (e-mail in the example) to a small recorder here. O
 re-sends every 2 s (``repeat_interval``) are skipped, the resolved notification is only
 counted, and a person has been told.
 """
-import subprocess
-
 import pytest
 import requests
 import yaml
 
+from hangwatch.demo.processes import start_server
 from hangwatch.demo.receiver import Receiver
 from tests.support.require import require_binary
 
@@ -21,8 +20,6 @@ from .real_parts import (
     REAL_TOKEN,
     REPO,
     WebhookProcess,
-    answers,
-    free_port,
     ledger,
     now_rfc3339,
     wait_for,
@@ -52,32 +49,23 @@ def example_config(webhook_url: str, token_file, people_url: str) -> dict:
 
 @pytest.fixture
 def alertmanager(tmp_path):
+    """start(config) → the URL of a real Alertmanager on port 0, ready when it answers /-/ready
+    itself (on a port guessed free, whoever took it first could answer for it)."""
     binary = require_binary("prometheus-alertmanager")
     started = []
 
     def start(config: dict) -> str:
-        port = free_port()
         path = tmp_path / "alertmanager.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        log = open(tmp_path / "alertmanager.log", "wb")
-        process = subprocess.Popen([binary, f"--config.file={path}", f"--storage.path={tmp_path / 'am-data'}",
-                                    f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                                   stdout=log, stderr=subprocess.STDOUT)
-        started.append((process, log))
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: process.poll() is not None or answers(url + "/-/ready"), 20, "alertmanager /-/ready")
-        assert process.poll() is None, (tmp_path / "alertmanager.log").read_text()
-        return url
+        process = start_server("alertmanager", [binary, f"--config.file={path}", f"--storage.path={tmp_path / 'am-data'}",
+                                                "--web.listen-address=127.0.0.1:0", "--cluster.listen-address="],
+                               tmp_path / "alertmanager.log", "/-/ready", deadline=20)
+        started.append(process)
+        return process.url
 
     yield start
-    for process, log in started:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+    for process in started:
+        process.stop()
 
 
 def counted(webhook, reason: str) -> float:
