@@ -214,6 +214,8 @@ def find_server(url: str, proc: str = "/proc", *, pin: Pin | None = None, contai
         candidates = dict(list(spaces.items())[:1])
     else:
         candidates = {ns: place for ns, place in spaces.items() if wanted & local_addresses(place[0])}
+    if container is not None:
+        return _container(found, container, candidates, everyone, proc, limit)
     listening: dict[str, set[str]] = {}
     for netns, (directory, _) in candidates.items():
         inodes = _listeners(directory, port, wanted)
@@ -225,29 +227,15 @@ def find_server(url: str, proc: str = "/proc", *, pin: Pin | None = None, contai
                             f"PID namespace (compose: pid: \"service:<server>\"; Kubernetes: shareProcessNamespace), "
                             f"on another host, or elsewhere (pin it: forensics.pins[].pid_file, cgroup or container)")
         return found
-    narrowed = None
-    if container is not None:
-        try:
-            narrowed = set(container_pids(container, proc))
-        except PinError as exc:
-            found.errors.append(str(exc))
-            return found
-        listening = {ns: inodes for ns, inodes in listening.items()
-                     if any(pid in narrowed for pid in spaces[ns][1])}
     if len(listening) > 1:
         found.errors.append(f"refused: {len(listening)} network namespaces listen on port {port} for this address "
                             "(ambiguous: pin the target with forensics.pins[].pid_file, cgroup or container)")
-        return found
-    if not listening:
-        found.errors.append("refused: the container named holds no listener of the target")
         return found
     ((netns, inodes),) = listening.items()
     targets = {f"socket:[{inode}]" for inode in inodes}
     roots: list[int] = []
     unreadable = 0
-    for pid in spaces[netns][1] or everyone:
-        if narrowed is not None and pid not in narrowed:
-            continue
+    for pid in spaces[netns][1]:
         try:
             names = os.listdir(f"{proc}/{pid}/fd")
         except OSError:
@@ -266,6 +254,24 @@ def find_server(url: str, proc: str = "/proc", *, pin: Pin | None = None, contai
                             f"user or root)")
         return found
     return _with_descendants(found, roots, everyone, proc, limit)
+
+
+def _container(found: Found, container: str, candidates: dict, everyone: list[int], proc: str,
+               limit: int | None) -> Found:
+    """The container's own processes (its cgroup names it), those in a namespace that owns the
+    target's address: the webhook knows the container, so no port number is read."""
+    try:
+        members = set(container_pids(container, proc))
+    except PinError as exc:
+        found.errors.append(str(exc))
+        return found
+    allowed = {pid for _, pids_in in candidates.values() for pid in pids_in}
+    roots = sorted(pid for pid in members if pid in allowed)
+    if not roots:
+        found.errors.append(f"refused: container {container[:12]} has no process where the target's address lives")
+        return found
+    parents = {pid: (read_stat(pid, proc) or ("", 0, ""))[1] for pid in roots}
+    return _with_descendants(found, [pid for pid in roots if parents[pid] not in members], everyone, proc, limit)
 
 
 def _listeners(directory: str, port: int, wanted: set[str]) -> set[str]:

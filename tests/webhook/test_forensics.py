@@ -32,8 +32,9 @@ class Capturer:
     def __init__(self, answer=CAPTURE):
         self.calls, self.answer = [], answer
 
-    def __call__(self, forensics_url, target_url, timeout):
+    def __call__(self, forensics_url, target_url, timeout, *, token=None, container=None):
         self.calls.append((forensics_url, target_url, timeout))
+        self.asked = {"token": token, "container": container}
         return self.answer
 
 
