@@ -102,7 +102,7 @@ def test_a_target_without_forensics_url_is_restarted_without_asking(built):
 
 
 def test_a_failing_capture_never_stops_the_restart(built):
-    def broken(*args):
+    def broken(*args, **asked):
         raise RuntimeError("boom")
     h = built(broken)
     h.post(payload(h.alert()))
