@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 from ..install import extra_command
+from ..printable import printable
 from ..scrub import REDACTED, scrub, secret_named
 from . import pyspy
 from .pins import Pin
@@ -186,4 +187,4 @@ def render(answer: dict) -> str:
     lines += [f"  error: {line}" for line in answer.get("errors") or ()]
     lines.append(f"captured at {answer.get('captured_at')} in {answer.get('seconds')} s "
                  f"(deadline {answer.get('deadline')} s)")
-    return "\n".join(lines + stacks(answer))
+    return "\n".join([printable(line) for line in lines] + stacks(answer))  # a frame name never drives a terminal
