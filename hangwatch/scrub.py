@@ -22,7 +22,7 @@ SHAPES: tuple[tuple[str, re.Pattern, str], ...] = (
     ("bearer or basic credentials", re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{6,}"),
      r"\1\2" + REDACTED),
     ("json value under a secret-named key",
-     re.compile(r"(?i)([\"']?[\w.-]*(?:" + _WORDS + r")[\w.-]*[\"']?\s*[:=]\s*)(\"[^\"]*\"|'[^']*'|[^\s,}\]]+)"),
+     re.compile(r"(?i)([\"']?[\w.-]*(?:" + _WORDS + r")[\w.-]*[\"']?\s*[:=]\s*)(\[[^\]]*\]|\"[^\"]*\"|'[^']*'|[^\s,}\]]+)"),
      r"\1" + REDACTED),
     ("token prefixes", re.compile(r"\b(sk-|sk-proj-|hf_|ghp_|gho_|ghs_|github_pat_|xox[abpr]-|glpat-|AKIA)"
                                   r"[A-Za-z0-9_-]{8,}"), r"\1" + REDACTED),

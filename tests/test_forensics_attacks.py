@@ -3,6 +3,7 @@ never touch (a victim with a secret in a local, read by the real py-spy), or fee
 malicious backend or neighbour would, and checks that nothing is captured, bounded or leaked."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -300,3 +301,23 @@ def test_nothing_is_left_running_after_the_deadline(tmp_path, many_children):
         while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
             assert time.monotonic() < deadline, f"py-spy's child {pid} outlived the capture"
             time.sleep(0.05)
+
+
+def test_no_secret_of_a_command_line_reaches_the_answer(tmp_path):
+    """``--api-key k1 k2``, a JSON-valued flag and ``user:pass@`` in a real server's argv."""
+    script = tmp_path / "server.py"
+    script.write_text(MUTE.replace("int(sys.argv[2])", "0"))
+    secrets = ["first-key-0123456789", "second-key-0123456789", "json-held-secret-01234", "hunter2hunter2"]
+    argv = [sys.executable, str(script), "127.0.0.1", "--api-key", secrets[0], secrets[1],
+            "--engine-config", json.dumps({"hf_token": secrets[2], "dtype": "float32"}),
+            "--upstream", f"http://admin:{secrets[3]}@db.internal:5432/x"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        port = int(proc.stdout.readline())
+        answer = capture(f"http://127.0.0.1:{port}", py_spy=str(tmp_path / "absent"))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    (process,) = answer["processes"]
+    assert "--api-key" in process["cmdline"] and "float32" in " ".join(process["cmdline"])
+    assert not [s for s in secrets if s in json.dumps(answer)], process["cmdline"]
