@@ -95,7 +95,9 @@ def forensics_route(config: ExporterConfig, guard: CaptureGuard) -> Route:
                 lambda: getattr(liveness.bounded_check(
                     listed, module=module, interval=config.liveness_interval, timeout=config.liveness_timeout,
                     budget=config.liveness_budget, api_key=options.api_key, probe=options.probe), "result", None),
-                container=containers[0] if containers else None, **capture_args(config, canonical, options))
+                container=containers[0] if containers else None,
+                container_trusted=config.forensics.token is not None,  # the caller showed the token
+                **capture_args(config, canonical, options))
         status = 200 if answer["captured"] else 409
         log.log(logging.WARNING if answer["captured"] else logging.INFO,
                 "forensics target=%s code=%d verdict=%s signature=%s netns=%s seconds=%s errors=%d", listed, status,

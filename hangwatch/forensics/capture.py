@@ -34,6 +34,7 @@ __all__ = ["DEADLINE", "capture", "render", "scrub"]
 def capture(url: str, *, deadline: float = DEADLINE, native: bool = False, with_locals: bool = False,
             secrets: Iterable[str] = (), py_spy: str | None = None, proc: str = "/proc",
             clock: Callable[[], float] = time.monotonic, pin: Pin | None = None, container: str | None = None,
+            container_trusted: bool = False,
             max_processes: int = MAX_PROCESSES, max_concurrent: int = MAX_CONCURRENT,
             max_output_bytes: int = pyspy.MAX_OUTPUT_BYTES) -> dict:
     """The stacks of the server's processes (``processes.find_server``: ``pin`` or the URL, ``container``
@@ -44,7 +45,8 @@ def capture(url: str, *, deadline: float = DEADLINE, native: bool = False, with_
     ends = started + deadline
     captured_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     errors: list[str] = []
-    found = _discover(url, proc, ends - clock(), errors, pin=pin, container=container, limit=max_processes)
+    found = _discover(url, proc, ends - clock(), errors, pin=pin, container=container,
+                      container_trusted=container_trusted, limit=max_processes)
     processes: list[dict] = []
     not_read = 0
     if found is not None:

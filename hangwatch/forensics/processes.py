@@ -185,14 +185,17 @@ def _namespaces(everyone: list[int], proc: str) -> dict[str, tuple[str, list[int
 
 
 def find_server(url: str, proc: str = "/proc", *, pin: Pin | None = None, container: str | None = None,
-                limit: int | None = None) -> Found:
+                container_trusted: bool = False, limit: int | None = None) -> Found:
     """The server's processes, roots first, then all their descendants.
 
     ``pin`` (the deployment's word) names them outright. Otherwise the listener on the URL's
     address and port, and only where that address is the server's: a loopback address in the
     exporter's own network namespace alone, any other address only in the namespaces that own
     it — a namespace more than one of those answers is refused as ambiguous (pin the target).
-    ``container`` (the ID the webhook knows) may only narrow what the URL found. ``limit``:
+    ``container`` (the ID the webhook knows): that container's own processes when the caller
+    proved it is the webhook (``container_trusted``: the bearer token; a port published by
+    Docker lives in the container's namespace, not the exporter's); from any other caller it
+    only narrows what the URL found (the listener must be the container's). ``limit``:
     at most that many processes (the rest counted in ``not_read``)."""
     found = Found()
     everyone = pids(proc)
@@ -214,8 +217,15 @@ def find_server(url: str, proc: str = "/proc", *, pin: Pin | None = None, contai
         candidates = dict(list(spaces.items())[:1])
     else:
         candidates = {ns: place for ns, place in spaces.items() if wanted & local_addresses(place[0])}
+    members = None
     if container is not None:
-        return _container(found, container, candidates, everyone, proc, limit)
+        try:
+            members = set(container_pids(container, proc))
+        except PinError as exc:
+            found.errors.append(str(exc))
+            return found
+        if container_trusted:
+            return _container(found, container, members, everyone, proc, limit)
     listening: dict[str, set[str]] = {}
     for netns, (directory, _) in candidates.items():
         inodes = _listeners(directory, port, wanted)
@@ -236,6 +246,8 @@ def find_server(url: str, proc: str = "/proc", *, pin: Pin | None = None, contai
     roots: list[int] = []
     unreadable = 0
     for pid in spaces[netns][1]:
+        if members is not None and pid not in members:
+            continue
         try:
             names = os.listdir(f"{proc}/{pid}/fd")
         except OSError:
@@ -248,6 +260,9 @@ def find_server(url: str, proc: str = "/proc", *, pin: Pin | None = None, contai
                     break
             except OSError:
                 continue
+    if not roots and members is not None:
+        found.errors.append(f"refused: no process of container {container[:12]} holds the target's listener")
+        return found
     if not roots:
         found.errors.append(f"a socket listens on port {port} but no process holding it could be read "
                             f"({unreadable} processes' /proc/PID/fd unreadable: no permission, run as the server's "
@@ -256,20 +271,11 @@ def find_server(url: str, proc: str = "/proc", *, pin: Pin | None = None, contai
     return _with_descendants(found, roots, everyone, proc, limit)
 
 
-def _container(found: Found, container: str, candidates: dict, everyone: list[int], proc: str,
+def _container(found: Found, container: str, members: set[int], everyone: list[int], proc: str,
                limit: int | None) -> Found:
-    """The container's own processes (its cgroup names it), those in a namespace that owns the
-    target's address: the webhook knows the container, so no port number is read."""
-    try:
-        members = set(container_pids(container, proc))
-    except PinError as exc:
-        found.errors.append(str(exc))
-        return found
-    allowed = {pid for _, pids_in in candidates.values() for pid in pids_in}
-    roots = sorted(pid for pid in members if pid in allowed)
-    if not roots:
-        found.errors.append(f"refused: container {container[:12]} has no process where the target's address lives")
-        return found
+    """The container's own processes (its cgroup names it): the webhook knows the container, so no
+    port number is read."""
+    roots = sorted(members)
     parents = {pid: (read_stat(pid, proc) or ("", 0, ""))[1] for pid in roots}
     return _with_descendants(found, [pid for pid in roots if parents[pid] not in members], everyone, proc, limit)
 
