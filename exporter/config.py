@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangwatch import liveness
+from hangwatch.forensics.capture import MAX_CONCURRENT, MAX_PROCESSES
+from hangwatch.forensics.guard import MIN_INTERVAL
+from hangwatch.forensics.pins import CONTAINER_ID, Pin
+from hangwatch.forensics.pyspy import MAX_OUTPUT_BYTES
+from hangwatch.forensics.targets import TargetError, canonical_url
 from hangwatch.observation import PROBE_AUTO, PROBE_NONE, Options
 from hangwatch.settings import (
     ConfigError,
@@ -34,13 +39,23 @@ KEYS = {"timeout", "timeout_offset", "allow_targets", "allow_any_target", "max_c
 
 @dataclass(frozen=True)
 class ForensicsSettings:
-    """``GET /forensics``: off unless enabled; the capture's deadline and what it reads."""
+    """``GET /forensics``: off unless enabled (and then only for targets listed exactly); the
+    capture's deadline, its bounds, how often, who may ask, and where pinned targets' processes are."""
 
     enabled: bool = False
     deadline: float = 10.0
     locals: bool = False
     native: bool = False
     py_spy: str | None = None
+    min_interval: float = MIN_INTERVAL
+    max_processes: int = MAX_PROCESSES
+    max_concurrent: int = MAX_CONCURRENT
+    max_output_bytes: int = MAX_OUTPUT_BYTES
+    token: str | None = field(default=None, repr=False)  # token_file: then /forensics needs the bearer token
+    pins: tuple[tuple[str, Pin], ...] = ()  # (canonical URL, where its processes are)
+
+    def pin_for(self, canonical: str) -> Pin | None:
+        return dict(self.pins).get(canonical)
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,20 @@ class ExporterConfig:
     def __post_init__(self):
         object.__setattr__(self, "_allowed", frozenset(self.allow_targets))
         object.__setattr__(self, "_settings", {t.url: t for t in self.targets})
+        listed = {}
+        for url in (*self.allow_targets, *(t.url for t in self.targets)):
+            try:
+                listed.setdefault(canonical_url(url), url.rstrip("/"))
+            except TargetError:
+                continue
+        object.__setattr__(self, "_listed", listed)
+
+    def listed_exactly(self, target: str) -> str | None:
+        """The URL the config lists for ``target`` in any spelling (``127.2`` is ``127.0.0.2``), or None."""
+        try:
+            return self._listed.get(canonical_url(target))
+        except TargetError:
+            return None
 
     def allows(self, target: str) -> bool:
         return not self.allow_targets or target.rstrip("/") in self._allowed
@@ -105,24 +134,69 @@ def _target(raw: Any, path: str) -> TargetOptions:
     return target_options(mapping(raw, path, TARGET_KEYS, required={"url"}), path, url_with_path=True)
 
 
-def _count(data, key: str, default: int, low: int, high: int) -> int:
+def _count(data, key: str, default: int, low: int, high: int, parent: str = "") -> int:
     if key not in data:
         return default
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{key}: expected a whole number from {low} to {high}, got {show(value)}")
+        raise ConfigError(f"{parent}{key}: expected a whole number from {low} to {high}, got {show(value)}")
     return value
 
 
+FORENSICS_KEYS = {"enabled", "deadline", "locals", "native", "py_spy", "min_interval", "max_processes",
+                  "max_concurrent", "max_output_bytes", "token_file", "pins"}
+PIN_KEYS = {"url", "pid_file", "cgroup", "container"}
+
+
 def forensics_settings(raw: Any) -> ForensicsSettings:
-    data = mapping(raw, "forensics", {"enabled", "deadline", "locals", "native", "py_spy"})
+    data = mapping(raw, "forensics", FORENSICS_KEYS)
     defaults = ForensicsSettings()
+    raw_pins = data.get("pins", [])
+    if not isinstance(raw_pins, list):
+        raise ConfigError("forensics.pins: expected a list of {url, pid_file | cgroup | container}")
     return ForensicsSettings(
         enabled=boolean(data["enabled"], "forensics.enabled") if "enabled" in data else defaults.enabled,
         deadline=optional_duration(data, "deadline", "forensics", defaults.deadline, 0.1, 300),
         locals=boolean(data["locals"], "forensics.locals") if "locals" in data else defaults.locals,
         native=boolean(data["native"], "forensics.native") if "native" in data else defaults.native,
-        py_spy=string(data["py_spy"], "forensics.py_spy") if "py_spy" in data else None)
+        py_spy=string(data["py_spy"], "forensics.py_spy") if "py_spy" in data else None,
+        min_interval=optional_duration(data, "min_interval", "forensics", defaults.min_interval, 0, 86400),
+        max_processes=_count(data, "max_processes", defaults.max_processes, 1, 4096, "forensics."),
+        max_concurrent=_count(data, "max_concurrent", defaults.max_concurrent, 1, 64, "forensics."),
+        max_output_bytes=_count(data, "max_output_bytes", defaults.max_output_bytes, 4096, 1 << 30, "forensics."),
+        token=secret_file(data["token_file"], "forensics.token_file") if "token_file" in data else None,
+        pins=tuple(_pin(p, f"forensics.pins[{i}]") for i, p in enumerate(raw_pins)))
+
+
+def _pin(raw: Any, path: str) -> tuple[str, Pin]:
+    data = mapping(raw, path, PIN_KEYS, required={"url"})
+    ways = [key for key in ("pid_file", "cgroup", "container") if key in data]
+    if len(ways) != 1:
+        raise ConfigError(f"{path}: exactly one of pid_file, cgroup, container is required")
+    value = string(data[ways[0]], f"{path}.{ways[0]}")
+    if ways[0] == "container" and not CONTAINER_ID.fullmatch(value):
+        raise ConfigError(f"{path}.container: expected a Docker container ID (12 to 64 hex digits)")
+    try:
+        url = canonical_url(string(data["url"], f"{path}.url"))
+    except TargetError as exc:
+        raise ConfigError(f"{path}.url: the URL {exc}") from None
+    return url, Pin(**{ways[0]: value})
+
+
+def check_forensics(config: ExporterConfig) -> None:
+    """Forensics ptraces what it finds: only for targets the config lists exactly, never any URL."""
+    settings = config.forensics
+    if not settings.enabled:
+        return
+    if config.allow_any_target:
+        raise ConfigError("forensics.enabled: cannot be on with allow_any_target (a caller could aim the capture "
+                          "at any address); list the backends in allow_targets or targets")
+    if not config.allow_targets and not config.targets:
+        raise ConfigError("forensics.enabled: needs the exact backends in allow_targets or targets (without them "
+                          "any URL a client names would be captured)")
+    for i, (url, _) in enumerate(settings.pins):
+        if config.listed_exactly(url) is None:
+            raise ConfigError(f"forensics.pins[{i}].url: not in allow_targets or targets")
 
 
 def exporter_config(data: Any) -> ExporterConfig:
@@ -163,7 +237,7 @@ def exporter_config(data: Any) -> ExporterConfig:
         raise ConfigError("api_key_file: a default API key needs allow_targets (the URLs it may be sent to); "
                           "without them any URL a client names would get it. List the backends in "
                           "allow_targets, or give each its own key in targets[].api_key_file")
-    return ExporterConfig(
+    config = ExporterConfig(
         timeout=timeout,
         timeout_offset=offset,
         allow_targets=allow_targets,
@@ -180,6 +254,8 @@ def exporter_config(data: Any) -> ExporterConfig:
         forensics=forensics_settings(data.get("forensics")),
         startup_deadline=liveness.startup_deadline(data["startup_deadline"]) if "startup_deadline" in data else None,
     )
+    check_forensics(config)
+    return config
 
 
 def load_exporter_config(path: str | None) -> ExporterConfig:

@@ -7,7 +7,7 @@ it never blocks, else it runs on a probe worker under the same limit (or starts 
 from __future__ import annotations
 
 from .config import ExporterConfig
-from .forensics import LivezCaptures, forensics_route
+from .forensics import LivezCaptures, capture_guard, forensics_route
 from .health import answer_health, shared_checks
 from .httpserver import Request, Response, Route
 from .prober import TEXT, Prober
@@ -28,11 +28,11 @@ def index(request: Request) -> Response:
     return Response(200, "text/html; charset=utf-8", INDEX)
 
 
-def health_route(endpoint: str, config: ExporterConfig, checks) -> Route:
+def health_route(endpoint: str, config: ExporterConfig, checks, guard=None) -> Route:
     """``/livez`` or ``/readyz``: one bounded check per target, shared by concurrent callers.
     Overloaded (no worker free at once), liveness says alive — a restart needs proof of a hang —
     and readiness says not ready."""
-    captures = LivezCaptures(config) if endpoint == "livez" and config.forensics.enabled else None
+    captures = LivezCaptures(config, guard) if endpoint == "livez" and guard is not None else None
 
     def handler(request: Request) -> Response:
         answer = answer_health(endpoint, request.query, config, checks)
@@ -48,11 +48,12 @@ def health_route(endpoint: str, config: ExporterConfig, checks) -> Route:
 
 def routes(config: ExporterConfig, prober: Prober) -> dict[str, Route]:
     checks = shared_checks(config)  # /livez and /readyz share one bounded check per target
-    extra = {"/forensics": forensics_route(config)} if config.forensics.enabled else {}
+    guard = capture_guard(config) if config.forensics.enabled else None  # one per exporter: every capture's
+    extra = {"/forensics": forensics_route(config, guard)} if guard is not None else {}
     return extra | {
         "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded,
                         on_loop=prober.on_loop),
-        "/livez": health_route("livez", config, checks),
+        "/livez": health_route("livez", config, checks, guard),
         "/readyz": health_route("readyz", config, checks),
         "/metrics": Route(own_metrics, inline=True),
         "/": Route(index, inline=True),

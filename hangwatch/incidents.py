@@ -12,6 +12,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from .printable import printable
+
 DEFAULT_STATE_DIR = "/var/lib/hangwatch"
 STATE_DIR_ENV = "HANGWATCH_STATE_DIR"
 LEDGERS = ("ledger.jsonl.1", "ledger.jsonl")  # the compacted generation first, then the live file
@@ -107,6 +109,7 @@ def table(rows: list[Summary]) -> str:
     lines = [head] + [(r.id, r.decided_at or "-", r.target or "-", r.verdict or "-", r.signature or "-",
                        r.action + (f" ({r.outcome})" if r.outcome else ""),
                        {True: "yes", False: "no", None: "-"}[r.recovered]) for r in rows]
+    lines = [tuple(printable(cell) for cell in line) for line in lines]  # a record's text never drives a terminal
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
 
@@ -132,7 +135,7 @@ def render(record: dict, incident_id: str) -> str:
     if logs:
         out.append(f"  log tail ({len(logs)} lines):")
         out += [f"    {line}" for line in logs[-20:]]
-    return "\n".join(out)
+    return "\n".join(printable(line) for line in out)  # escape sequences from a backend's logs stay text
 
 
 def stacks(capture: dict) -> list[str]:
@@ -142,4 +145,4 @@ def stacks(capture: dict) -> list[str]:
         for thread in process.get("threads") or ():
             out.append(f"    thread {thread.get('name')}{' (holds the GIL)' if thread.get('owns_gil') else ''}")
             out += [f"      {f.get('name')} ({f.get('file')}:{f.get('line')})" for f in thread.get("frames") or ()]
-    return out
+    return [printable(line) for line in out]

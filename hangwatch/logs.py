@@ -4,7 +4,9 @@ As node_exporter takes ``--log.level``/``--log.format``, both take ``--log-level
 ``$HANGWATCH_LOG_LEVEL``, else ``info``) and ``--log-format`` (``text``, or ``json``: one
 object per line with ``ts``, ``level``, ``logger``, ``msg`` and ``exc``). The level applies to
 ``hangwatch.*`` only, so ``debug`` shows the exporter's line per probe, not every socket a
-library opens. Secrets are never passed to a logger; nothing here filters them.
+library opens. Secrets are never passed to a logger; nothing here filters them. A text line
+is escaped (``printable``): a backend's words in a message cannot drive the reader's terminal
+or forge a second line; JSON escapes its own.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import sys
 import time
 from typing import TextIO
 
+from .printable import printable
 from .settings import ConfigError
 
 LEVELS = ("debug", "info", "warning", "error")
@@ -58,13 +61,22 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """``TEXT_FORMAT`` with control characters escaped: one record is one line, nothing a terminal obeys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        head, newline, rest = text.partition("\n")  # a traceback keeps its lines
+        return printable(head) + newline + printable(rest, newlines=True)
+
+
 def setup(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> logging.Handler:
     """Send log records to ``stream`` (stderr) at ``level`` in ``fmt``; calling it again replaces
     the handler it installed before (and leaves any other handler, pytest's for one, alone)."""
     if level not in LEVELS or fmt not in FORMATS:
         raise ConfigError(f"logging: level {level!r} / format {fmt!r} not in {LEVELS} / {FORMATS}")
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JSONFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JSONFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT))
     handler._hangwatch = True  # type: ignore[attr-defined]  # ours, replaced by the next setup()
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_hangwatch", False)]:

@@ -126,6 +126,8 @@ def url_problem(value: Any, *, allow_path: bool = False) -> str | None:
         return "must be http(s)://HOST[:PORT]"
     if "@" in parts.netloc:
         return "must not carry credentials (user:password@)"
+    if "%" in parts.netloc:
+        return "carries an IPv6 zone id (%...): name the server by an address without one"
     if parts.query or parts.fragment or "?" in value or "#" in value:
         return "must not carry a query or a fragment"
     if "v1" in parts.path.split("/"):  # the OpenAI base URL, the most common paste

@@ -42,6 +42,9 @@ def add_rules_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --kubernetes: vLLM's own port in the pod (llm-d decode: 8200; default 8000)")
     parser.add_argument("--prometheus-namespace", default="monitoring", metavar="NAMESPACE",
                         help="with --kubernetes: the namespace Prometheus runs in (default monitoring)")
+    parser.add_argument("--prometheus-pod-name", default="prometheus", metavar="NAME",
+                        help="with --kubernetes: the app.kubernetes.io/name label of Prometheus' pods, the only pods "
+                             "let in to the sidecar's port (default prometheus: prometheus-operator's)")
     parser.add_argument("--stall-window", type=_stall_window, action="append", default=None,
                         metavar="[ENGINE=]DURATION",
                         help="the stall window of every engine (e.g. 10m), or of one (vllm=10m); repeatable "
@@ -77,7 +80,8 @@ def run_rules(args) -> int:
     if args.kubernetes:
         from . import kubernetes
         try:
-            written = kubernetes.write(args.out, settings, args.release, args.vllm_port, args.prometheus_namespace)
+            written = kubernetes.write(args.out, settings, args.release, args.vllm_port, args.prometheus_namespace,
+                                       args.prometheus_pod_name)
         except ConfigError as exc:
             sys.stderr.write(f"hangwatch: {exc}\n")
             return 64

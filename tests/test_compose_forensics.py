@@ -33,6 +33,7 @@ def test_the_exporter_shares_vllms_pid_namespace_with_sys_ptrace_alone():
     exporter = resolved(GPU, FORENSICS)["services"]["exporter"]
     assert exporter["pid"] == "service:vllm"
     assert exporter["cap_add"] == ["SYS_PTRACE"] and exporter["cap_drop"] == ["ALL"]
+    assert exporter["mem_limit"] in (256 * 1024 * 1024, "256m", "268435456") and exporter["pids_limit"] == 64
     assert exporter["user"] == "0:0"  # Docker gives added capabilities to root only
     assert exporter["read_only"] is True and "no-new-privileges:true" in exporter["security_opt"]
     assert "ports" not in exporter

@@ -91,7 +91,9 @@ def test_exporter_config_defaults_are_the_documented_ones():
         elif key == "api_key_file":
             assert value_of(text) == defaults.api_key, key
         elif key.startswith("forensics."):
-            assert value_of(text) == getattr(defaults.forensics, key.split(".")[1]), key
+            name = {"token_file": "token"}.get(key.split(".")[1], key.split(".")[1])  # a file's default: its secret's
+            actual = getattr(defaults.forensics, name)
+            assert value_of(text) == (None if actual == () else actual), key
         else:
             assert value_of(text) == getattr(defaults, key), key
 

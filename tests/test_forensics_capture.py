@@ -160,7 +160,7 @@ def test_a_discovery_that_never_ends_is_cut_at_the_deadline(monkeypatch):
     import threading as threads
     module = importlib.import_module("hangwatch.forensics.capture")
     never = threads.Event()
-    monkeypatch.setattr(module, "find_server", lambda url, proc: never.wait(30))
+    monkeypatch.setattr(module, "find_server", lambda url, proc, **how: never.wait(30))
     started = time.monotonic()
     result = capture("http://127.0.0.1:8000", deadline=0.5)
     never.set()

@@ -180,19 +180,25 @@ def test_the_pod_monitor_scrapes_probe_and_the_sidecars_own_metrics_as_the_rules
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_only_prometheus_namespace_reaches_the_sidecar_port_and_other_ports_stay_open(shapes, shape):
+def test_only_prometheus_pods_reach_the_sidecar_port_and_other_ports_only_by_opt_in(shapes, shape):
     _, after, watched = shapes[shape]
     policy = one(after, "NetworkPolicy", "hangwatch-sidecar")
-    sidecar_rule, others = policy["spec"]["ingress"]
+    sidecar_rule, *others = policy["spec"]["ingress"]
     source, = sidecar_rule["from"]
     assert source["namespaceSelector"]["matchExpressions"] == [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]
+    assert source["podSelector"]["matchExpressions"] == [  # Prometheus' pods, not every pod of its namespace
+        {"key": "app.kubernetes.io/name", "operator": "In", "values": ["prometheus"]}]
     assert sidecar_rule["ports"] == [{"protocol": "TCP", "port": SIDECAR_PORT}]
-    assert "from" not in others  # every other port as open as before the policy selected the pod
-    tcp = [(p["port"], p.get("endPort", p["port"])) for p in others["ports"] if p["protocol"] == "TCP"]
-    assert not any(low <= SIDECAR_PORT <= high for low, high in tcp)
-    covered = {port for low, high in tcp for port in (low, high)}
-    assert {1, SIDECAR_PORT - 1, SIDECAR_PORT + 1, 65535} <= covered
+    # The rule keeping the pod's other ports open is the opt-in hangwatch-open-ports: only the example
+    # (a namespace with no other policy) takes it; the wrappers never reopen what other policies closed.
+    assert len(others) == (1 if shape == "example" else 0), others
+    for rule in others:
+        assert "from" not in rule  # every other port as open as before the policy selected the pod
+        tcp = [(p["port"], p.get("endPort", p["port"])) for p in rule["ports"] if p["protocol"] == "TCP"]
+        assert not any(low <= SIDECAR_PORT <= high for low, high in tcp)
+        covered = {port for low, high in tcp for port in (low, high)}
+        assert {1, SIDECAR_PORT - 1, SIDECAR_PORT + 1, 65535} <= covered
     for name, (container_name, _) in watched.items():
         labels = one(after, "Deployment", name)["spec"]["template"]["metadata"]["labels"]
         assert all(e["key"] in labels for e in policy["spec"]["podSelector"]["matchExpressions"])
@@ -230,6 +236,7 @@ def test_hangwatch_rules_kubernetes_settings_drive_the_component_and_match_its_r
     out = tmp_path / "hw"
     done = subprocess.run([sys.executable, "-m", "hangwatch", "rules", "--kubernetes", "--scrape-interval", "30s",
                            "--release", "kps", "--vllm-port", "8200", "--prometheus-namespace", "observability",
+                           "--prometheus-pod-name", "kps-prometheus",
                            "--job", "vllm_hangwatch", "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     deployment = documents(DATA / "llm-d" / "base" / "decode.yaml")[0]
@@ -247,6 +254,7 @@ def test_hangwatch_rules_kubernetes_settings_drive_the_component_and_match_its_r
     assert probe["params"]["target"] == ["http://127.0.0.1:8200"] and sidecar_config(after).allows("http://127.0.0.1:8200")
     policy = one(after, "NetworkPolicy", "hangwatch-sidecar")
     assert policy["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["observability"]
+    assert policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][0]["values"] == ["kps-prometheus"]
     rules = find(after, "PrometheusRule")
     assert len(rules) == 3 and all(r["metadata"]["labels"]["release"] == "kps" for r in rules)
     recording = one(after, "PrometheusRule", "hangwatch-recording")
@@ -295,18 +303,19 @@ def test_the_documented_settings_are_the_ones_the_component_reads_and_hangwatch_
         assert set(documents(COMPONENTS / wrapper / "settings.yaml")[0]["data"]) == read, wrapper
 
 
-def test_the_documented_patch_for_a_default_deny_namespace_leaves_only_prometheus_rule(tmp_path):
+def test_the_documented_opt_in_reopens_the_other_ports_and_nothing_else(tmp_path):
     doc = (ROOT / "docs" / "kubernetes.md").read_text()
-    snippet = doc[doc.index("  patches:\n    - target: {kind: NetworkPolicy"):]
-    snippet = snippet[:snippet.index("```")]
+    assert "  components:\n    - ../components/vllm                   # or production-stack, llm-d-decode\n" \
+           "    - ../components/hangwatch-open-ports" in doc
     (tmp_path / "kustomization.yaml").write_text(
         "namespace: llm-d-pd\n"
         + yaml.safe_dump({"resources": [os.path.relpath(DATA / "llm-d" / "decode-guide", tmp_path)],
-                          "components": [os.path.relpath(COMPONENTS / "llm-d-decode", tmp_path)]})
-        + "\n".join(line[2:] for line in snippet.splitlines()) + "\n")
+                          "components": [os.path.relpath(COMPONENTS / "llm-d-decode", tmp_path),
+                                         os.path.relpath(COMPONENTS / "hangwatch-open-ports", tmp_path)]}))
     policy = one(kustomize(tmp_path), "NetworkPolicy", "hangwatch-sidecar")
-    rule, = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": SIDECAR_PORT}] and "namespaceSelector" in rule["from"][0]
+    rule, others = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": SIDECAR_PORT}] and "podSelector" in rule["from"][0]
+    assert "from" not in others and SIDECAR_PORT not in {p["port"] for p in others["ports"]}
 
 
 def test_the_post_renderer_takes_your_image_and_settings():

@@ -304,9 +304,11 @@ def test_the_forensics_overlay_shares_the_pid_namespace_and_ptrace_for_the_sidec
     assert sidecar["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert "securityContext" not in vllm or "add" not in vllm["securityContext"].get("capabilities", {})
     assert sidecar["securityContext"]["allowPrivilegeEscalation"] is False
-    # SYS_PTRACE is outside Pod Security restricted and baseline: the namespace must say so
-    labels = one(objects, "Namespace", "llm")["metadata"]["labels"]
-    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    # SYS_PTRACE is outside Pod Security restricted and baseline, yet the overlay never lowers the whole
+    # namespace to privileged (issue 35): the narrower ways are documented in the overlay and the runbook
+    labels = one(objects, "Namespace", "llm")["metadata"].get("labels", {})
+    assert "privileged" not in {labels.get(f"pod-security.kubernetes.io/{mode}") for mode in ("enforce", "warn", "audit")}
+    assert "kubectl debug --profile=general" in (KUBE / "forensics" / "kustomization.yaml").read_text()
     # everything else of the sidecar's config is the default one's
     default = config_of(kustomize("vllm"), "hangwatch-sidecar")
     assert (config.allow_targets, config.liveness_budget) == (default.allow_targets, default.liveness_budget)

@@ -108,6 +108,7 @@ class Config:
     recovery: float = 900.0
     fleet_budget: Budget = field(default_factory=lambda: Budget(restarts=10, window=3600.0))
     forensics_timeout: float = 30.0                     # the longest a restart waits for the stacks
+    forensics_token_file: str | None = None             # the exporter's forensics.token_file, sent as a bearer
 
     def target(self, name: str) -> Target | None:
         return next((t for t in self.targets if t.name == name), None)
@@ -136,7 +137,7 @@ def parse_config(raw, env=os.environ) -> Config:
         raise ConfigError(f"config: expected a mapping, got {show(raw)}")
     top = mapping(raw, "", {"token_file", "reset_token_file", "state_dir", "dry_run", "alertnames", "recheck",
                             "cooldown", "budget", "targets", "docker_hosts", "group_limit", "recovery",
-                            "fleet_budget", "forensics_timeout"})
+                            "fleet_budget", "forensics_timeout", "forensics_token_file"})
     defaults = Config(targets=())
     token_file = top.get("token_file")
     if token_file is not None:
@@ -162,6 +163,11 @@ def parse_config(raw, env=os.environ) -> Config:
     recovery = optional_duration(top, "recovery", "", defaults.recovery, 1, 7 * 86400)
     hosts = parse_docker_hosts(top.get("docker_hosts"))
     forensics_timeout = optional_duration(top, "forensics_timeout", "", defaults.forensics_timeout, 0.1, 600)
+    forensics_token_file = None
+    if "forensics_token_file" in top:
+        forensics_token_file = string(top["forensics_token_file"], "forensics_token_file")
+        secret_file(forensics_token_file, "forensics_token_file")
+        require_private(forensics_token_file, "forensics_token_file")
 
     targets_raw = top.get("targets")
     if not isinstance(targets_raw, list) or not targets_raw:
@@ -182,7 +188,8 @@ def parse_config(raw, env=os.environ) -> Config:
     return Config(targets=targets, token_file=token_file, reset_token_file=reset_token_file,
                   state_dir=state_dir, dry_run=dry_run, alertnames=alertnames, recheck=recheck,
                   cooldown=cooldown, budget=budget, docker_hosts=tuple(hosts.values()), group_limit=group_limit,
-                  recovery=recovery, fleet_budget=fleet_budget, forensics_timeout=forensics_timeout)
+                  recovery=recovery, fleet_budget=fleet_budget, forensics_timeout=forensics_timeout,
+                  forensics_token_file=forensics_token_file)
 
 
 def _budget(raw, path: str, default: Budget) -> Budget:

@@ -17,7 +17,18 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .statedir import LedgerError, check_state_dir, create_new, fsync_dir, open_private, write_all
+from .statedir import (
+    LedgerError,
+    check_state_dir,
+    create_new,
+    fsync_dir,
+    link,
+    open_private,
+    rename,
+    replace,
+    unlink,
+    write_all,
+)
 
 log = logging.getLogger("hangwatch.webhook")
 
@@ -124,14 +135,14 @@ class Ledger:
             os.close(fd)
         previous = self.path + ".1"
         try:
-            os.unlink(previous)
+            unlink(previous)
         except FileNotFoundError:
             pass
         try:
-            os.link(self.path, previous)      # the old file stays readable at .1 ...
+            link(self.path, previous)         # the old file stays readable at .1 ...
         except OSError:                       # no hard links here: a moment without a ledger, which
-            os.rename(self.path, previous)    # a reader takes as unreadable (no restart), not as empty
-        os.replace(temporary, self.path)      # ... while the path switches atomically
+            rename(self.path, previous)       # a reader takes as unreadable (no restart), not as empty
+        replace(temporary, self.path)         # ... while the path switches atomically
         fsync_dir(self.state_dir)
         log.info("ledger: compacted %s (%d bytes) to %d records; the old file is %s",
                  self.path, self._offset, len(kept), previous)

@@ -43,7 +43,7 @@ class Job:
 class Policy:
     def __init__(self, config: Config, *, restarter: Restarter | Mapping[str, Restarter], clock: Callable[[], float],
                  rechecker, ledger: Ledger, metrics: WebhookMetrics, dry_run: bool, replica: str | None = None,
-                 forensics: Callable[[str, str, float], dict] | None = None):
+                 forensics: Callable[..., dict] | None = None):
         self.config = config
         self.hosts = restarters_by_host(config, restarter)
         self.clock = clock

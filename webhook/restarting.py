@@ -12,8 +12,6 @@ import os
 from datetime import datetime, timezone
 from typing import Callable, Mapping
 
-from hangwatch.forensics.capture import scrub
-
 from . import limits
 from .config import Config, Target
 from .decisions import RESTART, SKIP, Decisions, circuit_detail, iso, iso_ts
@@ -22,6 +20,7 @@ from .metrics import WebhookMetrics
 from .payload import Alert
 from .recovery import RecoveryWatches
 from .restarter import Container, Restarter
+from .secrets import forensics_token, scrubbed
 from .statedir import fleet_lock, write_incident
 
 log = logging.getLogger("hangwatch.webhook")
@@ -31,7 +30,7 @@ FLEET_LOCK_DEADLINE = 30.0  # seconds; the fleet lock is held for a ledger read 
 
 
 class Restarts:
-    def __init__(self, config: Config, hosts: dict[str, Restarter], *, forensics: Callable[[str, str, float], dict],
+    def __init__(self, config: Config, hosts: dict[str, Restarter], *, forensics: Callable[..., dict],
                  ledger: Ledger, metrics: WebhookMetrics, clock: Callable[[], float], replica: str, dry_run: bool,
                  decisions: Decisions, watches: RecoveryWatches, stopping: Callable[[], bool]):
         self.config = config
@@ -61,7 +60,7 @@ class Restarts:
             self.metrics.restarts.labels(target.name, "dry_run").inc()
             self.record(alert, target, RESTART, result.verdict.state, result.verdict.reason, dry_run=True)
             return
-        stacks = self._capture(target)  # once per restart: the vetoes above hold under the target's lock
+        stacks = self._capture(target, container)  # once per restart: the vetoes above hold under the target's lock
         incident = {
             "target": target.name, "container": target.container, "container_id": container.id,
             "docker_host": target.docker_host.name, "group": target.group,
@@ -71,7 +70,7 @@ class Restarts:
             "container_started_at": container.started_at_text,
             "recheck": _safe(result.as_json),
             "observations": [_safe(o.as_dict) for o in result.observations],
-            "logs": self._log_tail(target, container),  # a Docker call: before the fleet lock, not under it
+            "logs": scrubbed(self._log_tail(target, container), self.config),  # a Docker call: not under the lock
         }
         signed = {}
         if stacks is not None:
@@ -100,15 +99,17 @@ class Restarts:
             log.error("CIRCUIT OPEN target=%s container=%s %s", target.name, target.container,
                       circuit_detail(self.config.budget, counted))
 
-    def _capture(self, target: Target) -> dict | None:
-        """The stacks from the target's forensics place (None: none configured), within the deadline."""
+    def _capture(self, target: Target, container: Container) -> dict | None:
+        """The stacks of the container's own processes from the target's forensics place (None: none
+        configured), within the deadline."""
         if target.forensics_url is None:
             return None
         try:
-            answer = self.forensics(target.forensics_url, target.url, self.config.forensics_timeout)
+            answer = self.forensics(target.forensics_url, target.url, self.config.forensics_timeout,
+                                    token=forensics_token(self.config), container=container.id)
         except Exception as exc:  # the restart goes on whatever the capture does
             answer = {"signature": None, "processes": [], "errors": [f"capture failed: {type(exc).__name__}: {exc}"]}
-        return scrub(answer, [target.api_key] if target.api_key else [])  # the exporter scrubbed too; keys never land here
+        return scrubbed(answer, self.config)  # the exporter scrubbed too; keys never land here
 
     def _record_restart(self, alert: Alert, target: Target, incident: dict,
                         verdict: str = "hung") -> tuple[float, str] | None:

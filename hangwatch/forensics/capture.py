@@ -9,7 +9,6 @@ the strings given as ``secrets`` (the target's API key) are scrubbed from everyt
 """
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import threading
@@ -18,54 +17,66 @@ from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 from ..install import extra_command
+from ..printable import printable
+from ..scrub import REDACTED, scrub, secret_named
 from . import pyspy
-from .processes import REDACTED, SECRET_FLAGS, find_server
+from .pins import Pin
+from .processes import find_server
 from .signatures import classify
 
 DEADLINE = 10.0  # seconds for the whole capture, by default
+MAX_PROCESSES = 64   # processes read per capture; the rest counted as not read
+MAX_CONCURRENT = 4   # py-spy at once
 NVIDIA_SMI = "nvidia-smi"
-TOKEN_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}|\b(sk-|hf_|ghp_|xox[bap]-)[A-Za-z0-9_-]{12,}")
+__all__ = ["DEADLINE", "capture", "render", "scrub"]
 
 
 def capture(url: str, *, deadline: float = DEADLINE, native: bool = False, with_locals: bool = False,
             secrets: Iterable[str] = (), py_spy: str | None = None, proc: str = "/proc",
-            clock: Callable[[], float] = time.monotonic) -> dict:
-    """The stacks of every process serving ``url`` and the signature they match (see ``signatures``).
-    ``errors`` says what could not be read and why; the call returns by ``deadline`` seconds."""
+            clock: Callable[[], float] = time.monotonic, pin: Pin | None = None, container: str | None = None,
+            container_trusted: bool = False,
+            max_processes: int = MAX_PROCESSES, max_concurrent: int = MAX_CONCURRENT,
+            max_output_bytes: int = pyspy.MAX_OUTPUT_BYTES) -> dict:
+    """The stacks of the server's processes (``processes.find_server``: ``pin`` or the URL, ``container``
+    narrowing) and the signature they match (see ``signatures``). At most ``max_processes`` read, at
+    most ``max_concurrent`` py-spy at once, each output at most ``max_output_bytes``; ``errors`` says
+    what could not be read and why; the call returns by ``deadline`` seconds, nothing left running."""
     started = clock()
     ends = started + deadline
     captured_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     errors: list[str] = []
-    found = _discover(url, proc, ends - clock(), errors)
+    found = _discover(url, proc, ends - clock(), errors, pin=pin, container=container,
+                      container_trusted=container_trusted, limit=max_processes)
     processes: list[dict] = []
+    not_read = 0
     if found is not None:
         errors += found.errors
+        not_read = found.not_read
+        if not_read:
+            errors.append(f"{not_read} more processes not read (forensics.max_processes is {max_processes})")
         processes = [{"pid": p.pid, "ppid": p.ppid, "name": p.name, "state": p.state, "cmdline": list(p.cmdline),
-                      "threads": []} for p in found.processes]
+                      "netns": p.netns, "threads": []} for p in found.processes]
     tool = pyspy.find_py_spy(py_spy)
     if processes and tool is None:
         errors.append(f"py-spy not found (install it: {extra_command('forensics')}; or give its path): no stacks, "
                       "process states only")
     gpu = _start_nvidia_smi()
-    dumps = []
-    if tool is not None:
-        for process in processes:
-            try:
-                dumps.append((process, pyspy.start(tool, process["pid"], native=native, with_locals=with_locals)))
-            except OSError as exc:
-                errors.append(f"pid {process['pid']}: cannot run py-spy {tool}: {exc.strerror or exc}")
     cut = False
-    for process, child in dumps:
-        dump = pyspy.finish(child, process["pid"], ends - clock())
-        if dump.error:
-            cut = cut or "deadline" in dump.error
-            errors.append(dump.error)
-            process["error"] = dump.error
-        process["threads"] = [_thread(t, with_locals) for t in dump.threads]
+    if tool is not None and processes:
+        dumps = _dump_all(tool, processes, native=native, with_locals=with_locals, max_concurrent=max_concurrent,
+                          max_output_bytes=max_output_bytes, ends=started + deadline, clock=clock)
+        for process, dump in zip(processes, dumps):
+            if dump.error:
+                cut = cut or "deadline" in dump.error
+                errors.append(dump.error)
+                process["error"] = dump.error
+            process["threads"] = [_thread(t, with_locals) for t in dump.threads]
     gpu_text = _finish_nvidia_smi(gpu, ends - clock(), errors)
     result = {
         "signature": None, "captured_at": captured_at, "url": url,
-        "processes": processes, "errors": errors,
+        "processes": processes, "errors": errors, "not_read": not_read,
+        "netns": sorted({p["netns"] for p in processes if p.get("netns")}),
+        "pinned": pin.describe() if pin is not None else None,
         "gpu": gpu_text, "deadline": deadline, "cut_at_deadline": cut,
         "native": native, "locals": with_locals, "py_spy": tool,
     }
@@ -75,13 +86,43 @@ def capture(url: str, *, deadline: float = DEADLINE, native: bool = False, with_
     return scrub(result, [s for s in secrets if s])
 
 
-def _discover(url: str, proc: str, seconds_left: float, errors: list[str]):
+def _dump_all(tool: str, processes: list[dict], *, native: bool, with_locals: bool, max_concurrent: int,
+              max_output_bytes: int, ends: float, clock: Callable[[], float]) -> list[pyspy.Dump]:
+    """One py-spy per process, at most ``max_concurrent`` at once, all ended by ``ends``."""
+    dumps: list[pyspy.Dump | None] = [None] * len(processes)
+    ends_monotonic = time.monotonic() + max(0.0, ends - clock())
+    queue = list(range(len(processes)))
+    mutex = threading.Lock()
+
+    def worker():
+        while True:
+            with mutex:
+                if not queue:
+                    return
+                index = queue.pop(0)
+            pid = processes[index]["pid"]
+            if time.monotonic() >= ends_monotonic:
+                dumps[index] = pyspy.Dump(error=f"pid {pid}: not read: the capture's deadline came first")
+                continue
+            dumps[index] = pyspy.run(tool, pid, native=native, with_locals=with_locals, ends=ends_monotonic,
+                                     max_output_bytes=max_output_bytes)
+    workers = [threading.Thread(target=worker, name="hangwatch-forensics-py-spy", daemon=True)
+               for _ in range(max(1, min(max_concurrent, len(processes))))]
+    for thread in workers:
+        thread.start()
+    for thread in workers:  # each run kills its py-spy at the deadline: these end just after it
+        thread.join(max(0.0, ends_monotonic - time.monotonic()) + 5.0)
+    return [d or pyspy.Dump(error=f"pid {p['pid']}: not read before the capture's deadline")
+            for p, d in zip(processes, dumps)]
+
+
+def _discover(url: str, proc: str, seconds_left: float, errors: list[str], **how):
     """``find_server`` within the deadline too (a host name to resolve, a huge /proc)."""
     box: dict = {}
 
     def run():
         try:
-            box["found"] = find_server(url, proc)
+            box["found"] = find_server(url, proc, **how)
         except Exception as exc:  # noqa: BLE001 - a capture explains, never raises
             box["error"] = f"process discovery failed: {type(exc).__name__}: {exc}"
     worker = threading.Thread(target=run, name="hangwatch-forensics-discovery", daemon=True)
@@ -111,22 +152,9 @@ def _thread(raw: dict, with_locals: bool) -> dict:
 def _local(variable: dict) -> dict:
     name = str(variable.get("name"))
     value = variable.get("repr")
-    if any(word in name.lower() for word in SECRET_FLAGS):
+    if secret_named(name):
         value = REDACTED
     return {"name": name, "repr": None if value is None else str(value)[:500]}
-
-
-def scrub(value, secrets: list[str]):
-    """Every string in ``value`` without the given secrets and without anything shaped like a token."""
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, REDACTED)
-        return TOKEN_SHAPES.sub(lambda m: (m.group(1) or m.group(2) or "") + REDACTED, value)
-    if isinstance(value, list):
-        return [scrub(v, secrets) for v in value]
-    if isinstance(value, dict):
-        return {k: scrub(v, secrets) for k, v in value.items()}
-    return value
 
 
 def _start_nvidia_smi() -> subprocess.Popen | None:
@@ -161,4 +189,4 @@ def render(answer: dict) -> str:
     lines += [f"  error: {line}" for line in answer.get("errors") or ()]
     lines.append(f"captured at {answer.get('captured_at')} in {answer.get('seconds')} s "
                  f"(deadline {answer.get('deadline')} s)")
-    return "\n".join(lines + stacks(answer))
+    return "\n".join([printable(line) for line in lines] + stacks(answer))  # a frame name never drives a terminal

@@ -1,11 +1,13 @@
-"""Which processes are the server behind a URL: the one listening on its port, and all its descendants.
+"""Which processes are the server behind a URL: its listener, where the address is the server's, and descendants.
 
-Nothing but the URL is configured, so the processes are found the way ``ss -ltp`` finds them:
-the listening sockets on the URL's port (``/proc/PID/net/tcp`` and ``tcp6`` — read per network
-namespace, so a capture from a container sharing only the server's PID namespace still sees
-the server's sockets), then the processes holding those socket inodes (``/proc/PID/fd``), then
-their children, grandchildren and so on (EngineCore, workers). Every unreadable file is a
-reason recorded, never an exception: the capture must say why it saw nothing.
+A port number is not a server: another container may listen on the same one. So the listener
+is looked for only where the URL's address lives — a loopback address in the exporter's own
+network namespace (``/proc/self/ns/net``), any other address in the namespaces that own it
+(``/proc/PID/net/fib_trie``, ``if_inet6``) — bound to that address (a wildcard only when none
+is), then the processes of that namespace holding the socket (``/proc/PID/fd``), then their
+children (EngineCore, workers). More than one namespace is refused as ambiguous unless the
+deployment pins the target (``pins``). Every unreadable file is a reason recorded, never an
+exception: the capture must say why it saw nothing.
 """
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ from dataclasses import dataclass, field
 from typing import Iterator
 from urllib.parse import urlsplit
 
+from ..scrub import REDACTED, SECRET_WORDS, redact_argv  # noqa: F401 (the names forensics used)
+from .pins import Pin, PinError, container_pids, pinned_roots
+
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column
 CLOSE_WAIT = "08"
 TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")  # this network namespace's, IPv4 and IPv6
-SECRET_FLAGS = ("key", "token", "secret", "password", "passwd", "credential", "auth")
-REDACTED = "<redacted>"
+SECRET_FLAGS = SECRET_WORDS
 
 
 @dataclass(frozen=True)
@@ -30,12 +34,14 @@ class ServerProcess:
     name: str
     state: str          # /proc/PID/stat's state letter: R, S, D, T (stopped), t (traced), Z ...
     cmdline: tuple[str, ...]
+    netns: str | None = None  # net:[INODE]: recorded with every capture
 
 
 @dataclass
 class Found:
     processes: list[ServerProcess] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    not_read: int = 0  # processes past the limit
 
 
 def port_of(url: str) -> tuple[str, int]:
@@ -69,25 +75,6 @@ def read_cmdline(pid: int, proc: str = "/proc") -> tuple[str, ...]:
     except OSError:
         return ()
     return redact_argv(tuple(a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0") if a))
-
-
-def redact_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """``--api-key KEY`` and ``--hf-token=KEY``: the values never leave this function."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        flag, eq, _ = arg.partition("=")
-        secret = arg.startswith("-") and any(word in flag.lower() for word in SECRET_FLAGS)
-        if secret and eq:
-            out.append(f"{flag}={REDACTED}")
-        else:
-            out.append(arg)
-            hide_next = secret
-    return tuple(out)
 
 
 def process_name(pid: int, comm: str, cmdline: tuple[str, ...]) -> str:
@@ -127,23 +114,6 @@ def socket_rows(table: str) -> Iterator[tuple[str, int, str, str]]:
         return
 
 
-def listening_inodes(table: str, port: int, wanted: set[str] | None) -> set[str]:
-    """Socket inodes listening on ``port`` in one /proc/PID/net/tcp{,6} table.
-    ``wanted``: the addresses the URL's host names (a wildcard bind always matches)."""
-    inodes: set[str] = set()
-    for address, bound_port, state, inode in socket_rows(table):
-        if state != LISTEN or bound_port != port:
-            continue
-        try:
-            bound = _address(address)
-        except ValueError:
-            continue
-        if wanted is None or bound.is_unspecified or str(bound) in wanted or \
-                (bound.is_loopback and "loopback" in wanted):
-            inodes.add(inode)
-    return inodes
-
-
 def _address(hexaddr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     raw = bytes.fromhex(hexaddr)
     if len(raw) == 4:
@@ -154,7 +124,7 @@ def _address(hexaddr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 
 def host_addresses(host: str) -> set[str] | None:
-    """The addresses a URL's host stands for ("loopback" for any 127/8 or ::1); None: any."""
+    """The addresses a URL's host stands for, each in its one spelling; None: it resolves to nothing."""
     if not host:
         return None
     try:
@@ -165,42 +135,119 @@ def host_addresses(host: str) -> set[str] | None:
     for info in infos:
         address = ipaddress.ip_address(info[4][0].split("%")[0])
         address = getattr(address, "ipv4_mapped", None) or address
-        wanted.add("loopback" if address.is_loopback else str(address))
-    return wanted
+        wanted.add(str(address))
+    return wanted or None
 
 
-def find_server(url: str, proc: str = "/proc") -> Found:
-    """The listening process(es) of ``url``'s port and all their descendants, roots first."""
+def netns_of(pid: int | str, proc: str = "/proc") -> str | None:
+    """``net:[INODE]`` of a process's network namespace (None: not ours to read)."""
+    try:
+        return os.readlink(f"{proc}/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def local_addresses(net_dir: str) -> set[str]:
+    """The addresses a network namespace owns: ``fib_trie``'s ``/32 host LOCAL`` rows and ``if_inet6``."""
+    owned: set[str] = set()
+    last = None
+    try:
+        with open(f"{net_dir}/fib_trie", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                text = line.strip()
+                if text.startswith(("|--", "+--")):
+                    last = text[3:].split()[0]
+                elif text.startswith("/32 host LOCAL") and last:
+                    owned.add(last)
+    except OSError:
+        pass
+    try:
+        with open(f"{net_dir}/if_inet6", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                fields = line.split()
+                if fields and len(fields[0]) == 32:
+                    owned.add(str(ipaddress.IPv6Address(bytes.fromhex(fields[0]))))
+    except (OSError, ValueError):
+        pass
+    return owned
+
+
+def _namespaces(everyone: list[int], proc: str) -> dict[str, tuple[str, list[int]]]:
+    """netns -> (a /proc/.../net directory that shows it, its PIDs); our own namespace first."""
+    own = netns_of("self", proc) or "self"
+    spaces: dict[str, tuple[str, list[int]]] = {own: (f"{proc}/self/net", [])}
+    for pid in everyone:
+        netns = netns_of(pid, proc)
+        if netns is None:  # not ours to read: its sockets show only if it shares a namespace we read
+            continue
+        spaces.setdefault(netns, (f"{proc}/{pid}/net", []))[1].append(pid)
+    return spaces
+
+
+def find_server(url: str, proc: str = "/proc", *, pin: Pin | None = None, container: str | None = None,
+                container_trusted: bool = False, limit: int | None = None) -> Found:
+    """The server's processes, roots first, then all their descendants.
+
+    ``pin`` (the deployment's word) names them outright. Otherwise the listener on the URL's
+    address and port, and only where that address is the server's: a loopback address in the
+    exporter's own network namespace alone, any other address only in the namespaces that own
+    it — a namespace more than one of those answers is refused as ambiguous (pin the target).
+    ``container`` (the ID the webhook knows): that container's own processes when the caller
+    proved it is the webhook (``container_trusted``: the bearer token; a port published by
+    Docker lives in the container's namespace, not the exporter's); from any other caller it
+    only narrows what the URL found (the listener must be the container's). ``limit``:
+    at most that many processes (the rest counted in ``not_read``)."""
     found = Found()
+    everyone = pids(proc)
+    if pin is not None:
+        try:
+            roots = pinned_roots(pin, proc)
+        except PinError as exc:
+            found.errors.append(str(exc))
+            return found
+        return _with_descendants(found, roots, everyone, proc, limit)
     host, port = port_of(url)
     wanted = host_addresses(host)
-    everyone = pids(proc)
-    inodes: set[str] = set()
-    tables = [f"{proc}/self/net"]  # our own network namespace, then each other one once
-    try:
-        seen_netns = {os.readlink(f"{proc}/self/ns/net")}
-    except OSError:
-        seen_netns = set()
-    for pid in everyone:
-        try:
-            netns = os.readlink(f"{proc}/{pid}/ns/net")
-        except OSError:  # not ours to read: its sockets show only if it shares a namespace we read
-            continue
-        if netns not in seen_netns:
-            seen_netns.add(netns)
-            tables.append(f"{proc}/{pid}/net")
-    for directory in tables:
-        for table in ("tcp", "tcp6"):
-            inodes |= listening_inodes(f"{directory}/{table}", port, wanted)
-    if not inodes:
-        found.errors.append(f"no socket listening on port {port} is visible here: the server runs in another "
-                            f"PID namespace (compose: pid: \"service:<server>\"; Kubernetes: shareProcessNamespace) "
-                            f"or on another host")
+    if not wanted:
+        found.errors.append("the target's host does not resolve: no process can be named")
         return found
+    spaces = _namespaces(everyone, proc)
+    loopback = all(ipaddress.ip_address(a).is_loopback for a in wanted)
+    if loopback:
+        candidates = dict(list(spaces.items())[:1])
+    else:
+        candidates = {ns: place for ns, place in spaces.items() if wanted & local_addresses(place[0])}
+    members = None
+    if container is not None:
+        try:
+            members = set(container_pids(container, proc))
+        except PinError as exc:
+            found.errors.append(str(exc))
+            return found
+        if container_trusted:
+            return _container(found, container, members, everyone, proc, limit)
+    listening: dict[str, set[str]] = {}
+    for netns, (directory, _) in candidates.items():
+        inodes = _listeners(directory, port, wanted)
+        if inodes:
+            listening[netns] = inodes
+    if not listening:
+        where = "this network namespace" if loopback else "any network namespace that owns the address"
+        found.errors.append(f"no socket listening on port {port} is visible in {where}: the server runs in another "
+                            f"PID namespace (compose: pid: \"service:<server>\"; Kubernetes: shareProcessNamespace), "
+                            f"on another host, or elsewhere (pin it: forensics.pins[].pid_file, cgroup or container)")
+        return found
+    if len(listening) > 1:
+        found.errors.append(f"refused: {len(listening)} network namespaces listen on port {port} for this address "
+                            "(ambiguous: pin the target with forensics.pins[].pid_file, cgroup or container)")
+        return found
+    ((netns, inodes),) = listening.items()
     targets = {f"socket:[{inode}]" for inode in inodes}
     roots: list[int] = []
     unreadable = 0
-    for pid in everyone:
+    for pid in spaces[netns][1]:
+        if members is not None and pid not in members:
+            continue
         try:
             names = os.listdir(f"{proc}/{pid}/fd")
         except OSError:
@@ -213,11 +260,46 @@ def find_server(url: str, proc: str = "/proc") -> Found:
                     break
             except OSError:
                 continue
+    if not roots and members is not None:
+        found.errors.append(f"refused: no process of container {container[:12]} holds the target's listener")
+        return found
     if not roots:
         found.errors.append(f"a socket listens on port {port} but no process holding it could be read "
                             f"({unreadable} processes' /proc/PID/fd unreadable: no permission, run as the server's "
                             f"user or root)")
         return found
+    return _with_descendants(found, roots, everyone, proc, limit)
+
+
+def _container(found: Found, container: str, members: set[int], everyone: list[int], proc: str,
+               limit: int | None) -> Found:
+    """The container's own processes (its cgroup names it): the webhook knows the container, so no
+    port number is read."""
+    roots = sorted(members)
+    parents = {pid: (read_stat(pid, proc) or ("", 0, ""))[1] for pid in roots}
+    return _with_descendants(found, [pid for pid in roots if parents[pid] not in members], everyone, proc, limit)
+
+
+def _listeners(directory: str, port: int, wanted: set[str]) -> set[str]:
+    """The sockets the kernel would hand a connection to: bound to the address, else a wildcard."""
+    exact: set[str] = set()
+    wildcard: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        for address, bound_port, state, inode in socket_rows(f"{directory}/{table}"):
+            if state != LISTEN or bound_port != port:
+                continue
+            try:
+                bound = _address(address)
+            except ValueError:
+                continue
+            if str(bound) in wanted:
+                exact.add(inode)
+            elif bound.is_unspecified:
+                wildcard.add(inode)
+    return exact or wildcard
+
+
+def _with_descendants(found: Found, roots: list[int], everyone: list[int], proc: str, limit: int | None) -> Found:
     stats = {pid: read_stat(pid, proc) for pid in everyone}
     children: dict[int, list[int]] = {}
     for pid, stat in stats.items():
@@ -231,11 +313,15 @@ def find_server(url: str, proc: str = "/proc") -> Found:
             continue
         order.append(pid)
         queue.extend(sorted(children.get(pid, ())))
+    if limit is not None and len(order) > limit:
+        found.not_read = len(order) - limit
+        order = order[:limit]
     for pid in order:
         stat = read_stat(pid, proc) or stats.get(pid)
         if stat is None:
             continue
         comm, ppid, state = stat
         cmdline = read_cmdline(pid, proc)
-        found.processes.append(ServerProcess(pid, ppid, process_name(pid, comm, cmdline), state, cmdline))
+        found.processes.append(ServerProcess(pid, ppid, process_name(pid, comm, cmdline), state, cmdline,
+                                             netns_of(pid, proc)))
     return found

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 
 NAME = "py-spy"
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # one dump's JSON; more is cut and the dump refused
+MAX_STDERR_BYTES = 64 * 1024
 
 
 @dataclass
@@ -67,6 +71,61 @@ def start(py_spy: str, pid: int, *, native: bool, with_locals: bool) -> subproce
         argv.append("--locals")
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
+
+
+def run(py_spy: str, pid: int, *, native: bool, with_locals: bool, ends: float,
+        max_output_bytes: int = MAX_OUTPUT_BYTES) -> Dump:
+    """One dump, read with a byte cap against the capture's one deadline (``ends``, monotonic);
+    past either, py-spy's whole process group is killed: nothing is left running."""
+    try:
+        child = start(py_spy, pid, native=native, with_locals=with_locals)
+    except OSError as exc:
+        return Dump(error=f"pid {pid}: cannot run py-spy {py_spy}: {exc.strerror or exc}")
+    out, err, problem = bytearray(), bytearray(), None
+    caps = {child.stdout: (out, max_output_bytes), child.stderr: (err, MAX_STDERR_BYTES)}
+    with selectors.DefaultSelector() as selector:
+        for stream in caps:
+            selector.register(stream, selectors.EVENT_READ)
+        while selector.get_map() and problem is None:
+            left = ends - time.monotonic()
+            if left <= 0:
+                problem = f"pid {pid}: py-spy did not finish before the capture's deadline; killed"
+                break
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                kept, cap = caps[key.fileobj]
+                kept += chunk
+                if len(kept) > cap and key.fileobj is child.stdout:
+                    problem = f"pid {pid}: py-spy wrote more than {cap} bytes (max_output_bytes); cut and killed"
+                    break
+                del kept[cap:]
+    if problem is not None:
+        kill(child)
+        return Dump(error=problem)
+    try:
+        child.wait(max(0.0, ends - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        kill(child)
+        return Dump(error=f"pid {pid}: py-spy did not finish before the capture's deadline; killed")
+    finally:
+        for stream in caps:
+            stream.close()
+    return _parsed(child.returncode, bytes(out), bytes(err), pid)
+
+
+def _parsed(code: int, out: bytes, err: bytes, pid: int) -> Dump:
+    if code != 0:
+        return Dump(error=why_failed(err.decode("utf-8", "replace"), pid))
+    try:
+        threads = json.loads(out)
+    except ValueError:
+        return Dump(error=f"pid {pid}: py-spy's output is not JSON: {out[:200]!r}")
+    if not isinstance(threads, list):
+        return Dump(error=f"pid {pid}: py-spy's output is not a list of threads")
+    return Dump(threads=[t for t in threads if isinstance(t, dict)])
 
 
 def finish(child: subprocess.Popen, pid: int, seconds_left: float) -> Dump:

@@ -36,7 +36,7 @@ def test_off_unless_the_config_enables_it(exporter_with, sim):
 
 def test_a_target_that_is_not_hung_is_409_and_nothing_is_captured(exporter_with, sim, tmp_path):
     tool, mark = marking_py_spy(tmp_path)
-    exporter = exporter_with(FAST | {"forensics": {"enabled": True, "py_spy": tool}})
+    exporter = exporter_with(FAST | {"allow_targets": [sim.url], "forensics": {"enabled": True, "py_spy": tool}})
     answer = ask(exporter, sim.url)
     assert answer.status_code == 409, answer.text
     assert answer.json()["verdict"] == "idle" and answer.json()["processes"] == []
@@ -45,7 +45,7 @@ def test_a_target_that_is_not_hung_is_409_and_nothing_is_captured(exporter_with,
 
 def test_a_hung_target_is_captured(exporter_with, sim):
     sim.set_state("unresponsive")
-    exporter = exporter_with(FAST | {"forensics": {"enabled": True, "deadline": "8s"}})
+    exporter = exporter_with(FAST | {"allow_targets": [sim.url], "forensics": {"enabled": True, "deadline": "8s"}})
     answer = ask(exporter, sim.url)
     assert answer.status_code == 200, answer.text
     body = answer.json()
@@ -64,9 +64,18 @@ def test_targets_are_held_to_the_allowlist_and_validated(exporter_with, sim):
     ({"forensics": {"deadline": "forever"}}, "forensics.deadline"),
     ({"forensics": {"enable": True}}, "forensics.enable"),
     ({"forensics": ["enabled"]}, "forensics"),
+    ({"forensics": {"enabled": True}}, "forensics.enabled"),
+    ({"allow_targets": ["http://127.0.0.1:8000"], "allow_any_target": True, "forensics": {"enabled": True}},
+     "forensics.enabled"),
+    ({"allow_targets": ["http://127.0.0.1:8000"], "forensics": {"enabled": True, "max_concurrent": 0}},
+     "forensics.max_concurrent"),
+    ({"allow_targets": ["http://127.0.0.1:8000"], "forensics": {"enabled": True, "pins": [
+        {"url": "http://127.0.0.1:9000", "pid_file": "/run/x.pid"}]}}, r"forensics.pins\[0\].url"),
+    ({"allow_targets": ["http://127.0.0.1:8000"], "forensics": {"enabled": True, "pins": [
+        {"url": "http://127.0.0.1:8000", "pid_file": "/run/x.pid", "cgroup": "x"}]}}, r"forensics.pins\[0\]"),
 ])
 def test_bad_forensics_config_names_the_key(data, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=key if "\\[" in key else key.replace(".", r"\.")):
         exporter_config(data)
 
 
@@ -74,14 +83,15 @@ def test_the_first_livez_503_of_an_incident_logs_the_stacks_once(exporter_with, 
     import json
     import logging
     import time
-    caplog.set_level(logging.WARNING, logger="hangwatch.exporter")
-    exporter = exporter_with(FAST | {"forensics": {"enabled": True}})
+    caplog.set_level(logging.DEBUG, logger="hangwatch.exporter")
+    exporter = exporter_with(FAST | {"allow_targets": [sim.url], "forensics": {"enabled": True, "min_interval": "0s"}})
 
     def livez():
         return requests.get(exporter + "/livez", params={"target": sim.url}, timeout=30).status_code
 
     def captures():
-        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("forensics after /livez 503")]
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("forensics after /livez 503")
+                and r.levelno == logging.DEBUG]
 
     def wait_captures(n):
         deadline = time.monotonic() + 20

@@ -152,8 +152,15 @@ def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, dock
     stub = Backend(docker_client, backend_image, tmp_path / "backends")
     stub.set_mode("idle")
     place = tmp_path / "forensics-exporter.yml"
-    place.write_text(json.dumps({"allow_targets": [server.url], "forensics": {"enabled": True},
-                                 "liveness_interval": "1s", "liveness_timeout": "2s", "liveness_budget": "8s"}))
+    # vLLM runs on this host, not in the stub container: the exporter takes its processes from the pin
+    # (its main PID and descendants), never from whatever listens on the port; the webhook's ask carries
+    # the bearer token the exporter asks for.
+    pid_file = tmp_path / "vllm.pid"
+    pid_file.write_text(f"{server.proc.pid}\n")
+    forensics_token = private_file(tmp_path / "forensics-token", "forensics-e2e-bearer-0123456789abcdef\n")
+    place.write_text(json.dumps({"allow_targets": [server.url], "forensics": {
+        "enabled": True, "token_file": str(forensics_token), "pins": [{"url": server.url, "pid_file": str(pid_file)}]},
+        "liveness_interval": "1s", "liveness_timeout": "2s", "liveness_budget": "8s"}))
     token = private_file(tmp_path / "token", TOKEN + "\n")
     state_dir = tmp_path / "state"
     load, forensics_place, webhook, stack = None, None, None, None
@@ -164,6 +171,7 @@ def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, dock
         config = tmp_path / "webhook.yml"
         config.write_text(json.dumps({
             "token_file": str(token), "state_dir": str(state_dir), "recheck": {"interval": "1s", "timeout": "2s"},
+            "forensics_token_file": str(forensics_token),
             "targets": [{"name": "vllm-a", "container": stub.name, "url": server.url, "stop_timeout": "2s",
                          "forensics_url": forensics_place.url}]}))
         webhook = start_server("webhook", [*hangwatch_command(), "webhook", "--config", str(config), "--listen",
@@ -186,6 +194,9 @@ def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, dock
         assert "signature=engine_step_stuck" in webhook.log_tail(200)
         record = json.loads(open(restart["incident"]).read())
         assert record["signature"] == "engine_step_stuck" and record["forensics"]["verdict"] == "hung"
+        assert record["forensics"]["pinned"] == f"pid_file {pid_file}", record["forensics"].get("errors")
+        assert record["forensics"]["processes"][0]["pid"] == server.proc.pid
+        assert record["forensics"]["netns"] == [os.readlink(f"/proc/{server.proc.pid}/ns/net")]
         frames = {f["name"] for p in record["forensics"]["processes"] if p["name"].startswith("VLLM::EngineCore")
                   for t in p["threads"] for f in t["frames"]}
         assert any(name.endswith("hangwatch_fault_wedged_here") for name in frames), frames

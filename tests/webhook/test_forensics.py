@@ -32,8 +32,9 @@ class Capturer:
     def __init__(self, answer=CAPTURE):
         self.calls, self.answer = [], answer
 
-    def __call__(self, forensics_url, target_url, timeout):
+    def __call__(self, forensics_url, target_url, timeout, *, token=None, container=None):
         self.calls.append((forensics_url, target_url, timeout))
+        self.asked = {"token": token, "container": container}
         return self.answer
 
 
@@ -101,7 +102,7 @@ def test_a_target_without_forensics_url_is_restarted_without_asking(built):
 
 
 def test_a_failing_capture_never_stops_the_restart(built):
-    def broken(*args):
+    def broken(*args, **asked):
         raise RuntimeError("boom")
     h = built(broken)
     h.post(payload(h.alert()))

@@ -258,7 +258,7 @@ def test_replicas_appending_at_once_lose_no_line(tmp_path):
 
 
 def test_compaction_without_hard_links_still_keeps_the_previous_file(tmp_path, monkeypatch):
-    def no_links(*args):
+    def no_links(*args, **kwargs):
         raise PermissionError(1, "Operation not permitted")
     monkeypatch.setattr(os, "link", no_links)
     state = str(tmp_path / "state")
