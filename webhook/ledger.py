@@ -40,6 +40,8 @@ class TargetHistory:
     last_stall_restart: float | None = None                      # the last restart made for a stall
     opened_at: float = 0.0                                       # last circuit opened by the policy itself
     opened_line: bytes = b""
+    told: dict[str, str] = field(default_factory=dict)           # alert_only key -> its incident (wrongtool.py)
+    escalated: set[str] = field(default_factory=set)             # escalation keys already run (escalation.py)
 
 
 class Ledger:
@@ -197,6 +199,22 @@ class Ledger:
             history.recovered_at, history.recovered_line = at, raw
         elif event == "circuit_open" and at >= history.opened_at:
             history.opened_at, history.opened_line = at, raw
+        elif event == "alert_only" and isinstance(record.get("key"), str):
+            history.told[record["key"]] = str(record.get("incident"))
+        elif event == "escalation" and isinstance(record.get("key"), str):
+            history.escalated.add(record["key"])
+
+    def told(self, target: str, key: str) -> str | None:
+        """The incident of the alert_only record with this key (None: people not yet told)."""
+        with self._mutex:
+            history = self._history.get(target)
+            return history.told.get(key) if history else None
+
+    def escalated(self, target: str, key: str) -> bool:
+        """Has the escalation with this key run (or begun) already?"""
+        with self._mutex:
+            history = self._history.get(target)
+            return bool(history) and key in history.escalated
 
     def last_restart(self, target: str) -> float | None:
         with self._mutex:
