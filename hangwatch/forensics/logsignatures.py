@@ -31,6 +31,7 @@ class LogRow:
     policy: str          # the default: restart | alert_only
     source: str          # the report the line came from
     server: str          # who writes it
+    example: str         # a line as the server writes it (docs/signatures.md; the tests print it)
 
     @property
     def regex(self) -> re.Pattern:
@@ -53,28 +54,39 @@ class LogMatch:
 LOG_SIGNATURES: tuple[LogRow, ...] = (
     # Hardware first: a faulted card also makes the engine time out and die.
     LogRow("gpu_xid", r"\bNVRM: Xid\b|\bXid \(PCI:[^)]*\): \d+", "hardware", "alert_only",
-           "vllm-backport#62 (Xid 48/63/94: the hang came back after every restart)", "kernel / driver"),
+           "vllm-backport#62 (Xid 48/63/94: the hang came back after every restart)", "kernel / driver",
+           "NVRM: Xid (PCI:0000:3b:00): 48, pid=2117, name=python3, An uncorrectable double bit error (DBE) has been detected"),
     LogRow("gpu_uncorrectable_ecc", r"uncorrectable ECC error", "hardware", "alert_only",
-           "vllm-backport#62 (remapped HBM rows)", "CUDA"),
+           "vllm-backport#62 (remapped HBM rows)", "CUDA",
+           "RuntimeError: CUDA error: uncorrectable ECC error encountered"),
     LogRow("cuda_illegal_memory_access", r"an illegal memory access was encountered", "hardware", "alert_only",
-           "vllm#40926 (CUDA error in a worker; restarts do not heal a faulted device)", "CUDA"),
+           "vllm#40926 (CUDA error in a worker; restarts do not heal a faulted device)", "CUDA",
+           "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"),
     LogRow("nccl_watchdog_timeout", r"Watchdog caught collective operation timeout", "collective_timeout",
-           "restart", "vllm#41530 (NCCL: a rank never joined the collective)", "NCCL / torch.distributed"),
+           "restart", "vllm#41530 (NCCL: a rank never joined the collective)", "NCCL / torch.distributed",
+           "[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4121, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600048 milliseconds before timing out."),
     LogRow("vllm_rpc_sample_tokens_timeout", r"RPC call to sample_tokens timed out", "collective_timeout",
-           "restart", "vllm#41530, vllm#40926 (TP collectives; then EngineDeadError)", "vLLM"),
+           "restart", "vllm#41530, vllm#40926 (TP collectives; then EngineDeadError)", "vLLM",
+           "TimeoutError: RPC call to sample_tokens timed out."),
     LogRow("vllm_shm_broadcast_stalled", r"No available shared memory broadcast block found", "engine_wedge",
-           "restart", "vllm#51921 (every 60 s while the engine is stalled)", "vLLM"),
+           "restart", "vllm#51921 (every 60 s while the engine is stalled)", "vLLM",
+           "(EngineCore_DP0 pid=311) INFO 12-05 07:07:08 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 second."),
     LogRow("vllm_engine_core_fatal", r"EngineCore encountered a fatal error", "engine_wedge", "restart",
-           "vllm#40926 (the engine core died; the API server stays up)", "vLLM"),
+           "vllm#40926 (the engine core died; the API server stays up)", "vLLM",
+           "(EngineCore_DP0 pid=311) ERROR 12-05 07:07:08 [core.py:843] EngineCore encountered a fatal error."),
     LogRow("vllm_engine_dead", r"\bEngineDeadError\b", "engine_wedge", "restart",
-           "vllm#41530 (raised after the engine core died)", "vLLM"),
+           "vllm#41530 (raised after the engine core died)", "vLLM",
+           "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."),
     LogRow("sglang_detokenizer_unresponsive",
            r"Health check failed\. Server couldn't get a response from detokenizer", "engine_wedge", "restart",
-           "sglang health check (the detokenizer process stopped answering)", "SGLang"),
+           "sglang health check (the detokenizer process stopped answering)", "SGLang",
+           "[2026-12-05 07:07:08] Health check failed. Server couldn't get a response from detokenizer for last 20 seconds."),
     LogRow("sglang_kv_pool_leak", r"token_to_kv_pool_allocator memory leak detected", "memory", "restart",
-           "sglang scheduler self-check (KV-cache pages leaked)", "SGLang"),
+           "sglang scheduler self-check (KV-cache pages leaked)", "SGLang",
+           "ValueError: token_to_kv_pool_allocator memory leak detected! available_size=812, max_total_num_tokens=1024"),
     LogRow("pd_prefill_not_ready", r"Timeout waiting for P side ready", "startup", "restart",
-           "P/D disaggregation (the decode side waits for a prefill peer)", "vLLM / SGLang P/D"),
+           "P/D disaggregation (the decode side waits for a prefill peer)", "vLLM / SGLang P/D",
+           "(EngineCore_DP0 pid=311) ERROR 12-05 07:07:08 Timeout waiting for P side ready after 300 seconds"),
 )
 NAMES = tuple(row.name for row in LOG_SIGNATURES)
 

@@ -30,7 +30,7 @@ def _parse(stamp: str) -> datetime:
         stamp = stamp[:-1] + "+00:00"
     head, dot, rest = stamp.partition(".")
     if dot:  # nanoseconds: Python takes at most six digits
-        digits = "".join(c for c in rest if c.isdigit())
+        digits = rest[:len(rest) - len(rest.lstrip("0123456789"))]
         zone = rest[len(digits):]
         stamp = f"{head}.{digits[:6].ljust(6, '0')}{zone}"
     when = datetime.fromisoformat(stamp)
