@@ -6,7 +6,9 @@ moving), ``idle`` (nothing running; the 1-token probe answers). ``process_start_
 is this process's start, so a container restart shows as a new process.
 ``--ignore-sigterm``: a server that does not stop on SIGTERM, so ``docker restart`` waits its
 whole stop timeout before SIGKILL (a slow restart, to stop the webhook in the middle of).
-Usage: python3 fake_backend.py PORT MODE_FILE [--ignore-sigterm]
+``--say LINE``: print LINE to stderr once it listens (a server's own words before it hung, for the
+signature catalogue's tests).
+Usage: python3 fake_backend.py PORT MODE_FILE [--ignore-sigterm] [--say LINE]
 """
 import http.server
 import json
@@ -54,5 +56,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         sys.stderr.write("fake-backend " + (args[0] % args[1:]) + "\n")
 
 
+server = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
 print(f"fake backend on 127.0.0.1:{PORT}, started {STARTED}", flush=True)
-http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+if "--say" in sys.argv[3:]:
+    print(sys.argv[sys.argv.index("--say") + 1], file=sys.stderr, flush=True)
+server.serve_forever()

@@ -111,7 +111,8 @@ def backend_image(docker_client):
 class Backend:
     """One fake-vLLM container; ``mode`` flips hung/busy/idle; ``restarts()`` counts Docker's restart events."""
 
-    def __init__(self, client, image, directory: pathlib.Path, ignore_sigterm: bool = False, name: str | None = None):
+    def __init__(self, client, image, directory: pathlib.Path, ignore_sigterm: bool = False, name: str | None = None,
+                 say: str | None = None, wait: bool = True):
         self.client = client
         self.name = name or f"hw-test-{uuid.uuid4().hex[:8]}"
         self.port = free_port()
@@ -122,11 +123,13 @@ class Backend:
         self.created = int(time.time()) - 1
         self.container = client.containers.run(
             image, [HOST_PYTHON, "/app/fake_backend.py", str(self.port), "/mode/mode",
-                    *(["--ignore-sigterm"] if ignore_sigterm else [])], name=self.name,
+                    *(["--ignore-sigterm"] if ignore_sigterm else []), *(["--say", say] if say else [])],
+            name=self.name,
             detach=True, init=True, network_mode="host",
             volumes={"/usr": {"bind": "/usr", "mode": "ro"}, str(HERE): {"bind": "/app", "mode": "ro"},
                      str(self.mode_dir): {"bind": "/mode", "mode": "ro"}})
-        self.wait_ready()
+        if wait:
+            self.wait_ready()
 
     def set_mode(self, mode: str) -> None:
         (self.mode_dir / "mode").write_text(mode)
@@ -154,8 +157,8 @@ class Backend:
 def backend(docker_client, backend_image, tmp_path):
     made = []
 
-    def make(mode: str = "hung", ignore_sigterm: bool = False) -> Backend:
-        made.append(Backend(docker_client, backend_image, tmp_path / "backends", ignore_sigterm))
+    def make(mode: str = "hung", ignore_sigterm: bool = False, say: str | None = None, wait: bool = True) -> Backend:
+        made.append(Backend(docker_client, backend_image, tmp_path / "backends", ignore_sigterm, say=say, wait=wait))
         made[-1].set_mode(mode)
         return made[-1]
 
