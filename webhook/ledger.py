@@ -33,6 +33,7 @@ class TargetHistory:
     restarts: list[tuple[float, bytes]] = field(default_factory=list)  # (at, line): attempts that may still count
     last_restart: float | None = None
     last_line: bytes = b""                                       # the last restart's line (kept for compaction)
+    last_verdict: str | None = None                              # what the last restart was for (startup.py)
     reset_at: float = 0.0                                        # last operator circuit reset
     reset_line: bytes = b""
     recovered_at: float = 0.0                                    # last time seen healthy after a restart
@@ -186,6 +187,7 @@ class Ledger:
         if event == "restart" and not record.get("dry_run"):
             if history.last_restart is None or at >= history.last_restart:
                 history.last_restart, history.last_line = at, raw
+                history.last_verdict = record.get("verdict")
             horizon = history.last_restart - self.keep - SKEW_MARGIN
             history.restarts = [(t, line) for t, line in history.restarts if t > horizon]
             if at > horizon:
@@ -220,6 +222,12 @@ class Ledger:
         with self._mutex:
             history = self._history.get(target)
             return history.last_restart if history else None
+
+    def last_restart_verdict(self, target: str) -> str | None:
+        """The verdict the last restart was made for (hung, stalled, startup_stuck)."""
+        with self._mutex:
+            history = self._history.get(target)
+            return history.last_verdict if history else None
 
     def reset_at(self, target: str) -> float:
         with self._mutex:

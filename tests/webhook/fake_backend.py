@@ -8,7 +8,9 @@ is this process's start, so a container restart shows as a new process.
 whole stop timeout before SIGKILL (a slow restart, to stop the webhook in the middle of).
 ``--say LINE``: print LINE to stderr once it listens (a server's own words before it hung, for the
 signature catalogue's tests).
-Usage: python3 fake_backend.py PORT MODE_FILE [--ignore-sigterm] [--say LINE]
+``--never-listen``: a start-up that hangs before the port opens (CUDA-graph capture, NCCL init):
+one log line, then nothing, port closed.
+Usage: python3 fake_backend.py PORT MODE_FILE [--ignore-sigterm] [--say LINE] [--never-listen]
 """
 import http.server
 import json
@@ -56,6 +58,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         sys.stderr.write("fake-backend " + (args[0] % args[1:]) + "\n")
 
 
+if "--never-listen" in sys.argv[3:]:
+    print("fake backend: capturing CUDA graphs (never finishes)", flush=True)
+    signal.pause() if hasattr(signal, "pause") else time.sleep(10 ** 9)
 server = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
 print(f"fake backend on 127.0.0.1:{PORT}, started {STARTED}", flush=True)
 if "--say" in sys.argv[3:]:

@@ -14,6 +14,7 @@ import json
 import pathlib
 import sys
 import time
+from datetime import datetime, timezone
 
 import pytest
 
@@ -23,7 +24,7 @@ from hangwatch.webhook.app import create_app
 from hangwatch.webhook.config import parse_config
 from hangwatch.webhook.restarter import DockerRestarter
 
-from .real_parts import REAL_TOKEN, Backend, alert_body, ledger, now_rfc3339, private_file
+from .real_parts import REAL_TOKEN, Backend, alert_body, ledger, now_rfc3339, private_file, wait_for
 
 real = pytest.mark.real
 
@@ -34,8 +35,8 @@ def config(tmp_path, backends, **extra):
         "token_file": str(token), "state_dir": str(tmp_path / "state"),
         "recheck": {"interval": "300ms", "timeout": "1s"}, "cooldown": "0s",
         "budget": {"restarts": 3, "window": "1h"},
-        "targets": [{"name": b.name, "container": b.name, "url": b.url, "stop_timeout": "2s"} for b in backends],
-        **extra})
+        "targets": [{"name": b.name, "container": b.name, "url": b.url, "stop_timeout": "2s"} for b in backends]}
+        | extra)
 
 
 def post(app, alerts):
@@ -150,3 +151,38 @@ def test_a_hanging_escalation_is_killed_at_its_deadline_and_nothing_restarts(tmp
     assert run["reason"] == "alert_only" and run["incident"]["class"] == "hardware"
     outcomes = [r for r in ledger(tmp_path / "state") if r["event"] == "escalation"]
     assert [r["outcome"] for r in outcomes] == ["started", "timeout"] and 1.5 < outcomes[-1]["seconds"] < 10
+
+
+@real
+def test_a_startup_that_never_opens_its_port_is_restarted_once_then_alerted_only(tmp_path, docker_client,
+                                                                                  backend_image):
+    stuck = Backend(docker_client, backend_image, tmp_path / "backends", never_listen=True)
+    try:
+        targets = [{"name": stuck.name, "container": stuck.name, "url": stuck.url, "stop_timeout": "1s",
+                    "startup_deadline": "2s"}]
+        app = create_app(config(tmp_path, [stuck], targets=targets), token=REAL_TOKEN,
+                         restarter=DockerRestarter(docker_client))
+        state = app.extensions["hangwatch"]
+        body = alert_body(stuck)
+        body["alerts"][0]["labels"]["alertname"] = "HangwatchBackendDown"
+
+        def up_past_deadline():
+            started = datetime.fromisoformat(stuck.started_at().replace("Z", "+00:00")[:26] + "+00:00")
+            return (datetime.now(timezone.utc) - started).total_seconds() > 2.5
+
+        sent = []
+        for _ in range(2):  # the first: restarted; the second, about the process it started: alert only
+            wait_for(up_past_deadline, 30, f"{stuck.name} up past its startup_deadline")
+            answer = app.test_client().post("/alerts", json=body, headers={"Authorization": f"Bearer {REAL_TOKEN}"})
+            assert answer.status_code == 200
+            assert state.wait_idle(60)
+            sent.append(stuck.restarts())
+        state.close()
+        assert sent == [1, 1]
+        decisions = [(r["action"], r["reason"], r.get("class")) for r in ledger(tmp_path / "state")
+                     if r["event"] == "decision"]
+        assert decisions == [("restart", "startup_stuck", "unknown"), ("skip", "alert_only", "startup")]
+        [alerted] = [s for s in summaries(str(tmp_path / "state")) if s.action == "alert_only"]
+        assert (alerted.signature, alerted.klass) == ("startup_stuck", "startup")
+    finally:
+        stuck.remove()

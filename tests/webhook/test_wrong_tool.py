@@ -225,3 +225,57 @@ def test_an_escalation_command_that_cannot_start_is_an_error(saying, tmp_path):
     h.post(payload(h.alert()))
     h.settle()
     assert [r["outcome"] for r in ledger(h.state_dir, "escalation")] == ["started", "error"]
+
+
+def down_alert(h, **labels):
+    return h.alert(alertname="HangwatchBackendDown", **labels)
+
+
+def startup_targets(deadline="10m"):
+    return [{"name": "vllm-a", "container": "vllm-a", "url": "http://127.0.0.1:18000", "startup_deadline": deadline},
+            {"name": "vllm-b", "container": "vllm-b", "url": "http://127.0.0.1:18001"}]
+
+
+def test_a_startup_that_never_finishes_is_restarted_once_then_alerted_only(saying):
+    h, docker = saying(targets=startup_targets(), cooldown="0s")
+    h.rechecker.state = "down"
+    docker.say("vllm-a", "INFO Capturing CUDA graphs (decode, FULL)")
+    h.post(payload(down_alert(h)))
+    h.settle()
+    assert [name for name, _ in docker.restarts] == ["vllm-a"]
+    assert [(d["action"], d["reason"]) for d in h.decisions()] == [("restart", "startup_stuck")]
+    assert ledger(h.state_dir, "restart")[0]["verdict"] == "startup_stuck"
+    h.post(payload(down_alert(h)))  # the restarted process: up for less than the deadline
+    h.settle()
+    assert h.decisions()[-1]["reason"] == "recheck_down" and "still loading" in h.decisions()[-1]["detail"]
+    h.clock.advance(601)
+    for _ in range(2):
+        h.post(payload(down_alert(h)))
+        h.settle()
+    assert len(docker.restarts) == 1
+    assert [(d["reason"], d.get("class")) for d in h.decisions()[-2:]] == [("alert_only", "startup")] * 2
+    [incident] = [i for i in incidents(h.state_dir) if i.get("action") == "alert_only"]
+    assert (incident["signature"], incident["class"], incident["policy"]) == ("startup_stuck", "startup", "alert_only")
+
+
+def test_a_startup_that_still_logs_or_is_young_is_left_loading(saying):
+    h, docker = saying(targets=startup_targets("2h"))
+    h.rechecker.state = "down"
+    h.post(payload(down_alert(h)))
+    h.settle()
+    assert h.decisions()[-1]["reason"] == "recheck_down" and "within startup_deadline" in h.decisions()[-1]["detail"]
+    h2, docker2 = saying(targets=startup_targets("10m"), state_dir=h.state_dir.parent / "state2")
+    h2.rechecker.state = "down"
+    docker2.say("vllm-a", "INFO Loading weights 71%", age=3600)  # written now: it is still loading
+    h2.post(payload(down_alert(h2)))
+    h2.settle()
+    assert docker.restarts == [] and docker2.restarts == []
+    assert "still logs" in h2.decisions()[-1]["detail"]
+
+
+def test_a_down_alert_is_ignored_where_no_startup_deadline_opts_in(saying):
+    h, docker = saying()
+    h.rechecker.state = "down"
+    h.post(payload(down_alert(h)))
+    h.settle()
+    assert docker.restarts == [] and h.rechecker.calls == []
