@@ -5,6 +5,7 @@ The flags are defined here and wired into the one command line by ``hangwatch/cl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -81,13 +82,13 @@ def run_rules(args) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch: {exc}\n")
         return 64
-    gpu = None
     try:
         if args.gpu_labels is not None:
             if args.kubernetes:
                 raise ConfigError("--gpu-labels: not with --kubernetes yet (write the rule files and load them)")
-            gpu = (gpu_rules.labels(args.gpu_labels), gpu_rules.window(args.gpu_window),
-                   gpu_rules.series_names(tuple(args.gpu_xid_series)))
+            settings = dataclasses.replace(settings, gpu=(
+                gpu_rules.labels(args.gpu_labels), gpu_rules.window(args.gpu_window),
+                gpu_rules.series_names(tuple(args.gpu_xid_series))))
         elif args.gpu_xid_series or args.gpu_window != "15m":
             raise ConfigError("--gpu-window, --gpu-xid-series: only with --gpu-labels")
     except ConfigError as exc:
@@ -108,8 +109,8 @@ def run_rules(args) -> int:
         return 0
     for path in write(args.out, settings):
         print(path)
-    if gpu is not None:
-        print(gpu_rules.write(args.out, settings, *gpu))
+    if settings.gpu is not None:
+        print(gpu_rules.write(args.out, settings))
     sys.stderr.write(f"set scrape_interval: {format_duration(settings.scrape_interval)} (and scrape_timeout at most "
                      f"{format_duration(settings.scrape_interval * 2 / 3)}) on job {settings.job!r}\n")
     return 0

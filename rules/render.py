@@ -44,6 +44,8 @@ class Settings:
     engines: tuple[EngineMetrics, ...] = ENGINES
     # --stall-window: (engine name or "*" for every engine, seconds), later entries winning.
     stall_windows: tuple[tuple[str, float], ...] = ()
+    # --gpu-labels (rules/gpu.py): (join labels, Xid window in seconds, Xid series names), or None.
+    gpu: tuple | None = None
 
     def stall_window(self, engine: EngineMetrics) -> float:
         """The engine's stall window for these rules, in seconds (before ``wall_clock_scale``)."""
@@ -152,6 +154,9 @@ def rule_groups(name: str, settings: Settings) -> list[dict]:
             elif rule.get("generate") == "stall_window":
                 rule = stall_window_rule(settings)
             rules.append(_render_rule(rule, settings, where))
+        if settings.gpu is not None and name == "hangwatch-alerts.yml" and group["name"] == "hangwatch-alerts":
+            from .gpu import fault_alert  # first in the hang alert's group: it must reach Alertmanager first
+            rules.insert(0, _render_rule(fault_alert(settings), settings, f"{name}: HangwatchGPUFault"))
         groups.append({**_resolve({k: v for k, v in group.items() if k != "rules"}, settings, name),
                        "rules": rules})
     return groups

@@ -48,14 +48,24 @@ CASES = {
 }
 
 
-def promtool_file(tmp_path, rules_path, name="gpu") -> tuple[int, str]:
+def gpu_settings() -> Settings:
+    return Settings(gpu=(("node",), gpu.DEFAULT_WINDOW, gpu.XID_SERIES))
+
+
+def write_rules(out) -> list:
+    from hangwatch.rules.render import write
+    settings = gpu_settings()
+    return [*write(out, settings, ["hangwatch-alerts.yml"]), gpu.write(out, settings)]
+
+
+def promtool_file(tmp_path, rules_paths, name="gpu") -> tuple[int, str]:
     promtool = require_binary("promtool")
     tests = []
     for case, (state_series, xid, expected) in CASES.items():
         tests.append({"name": case, "interval": "1m", "input_series": state_series + xid,
                       "alert_rule_test": [{"eval_time": "39m", "alertname": "HangwatchGPUFault",
                                            "exp_alerts": [dict(e, exp_annotations=annotations()) for e in expected]}]})
-    document = {"rule_files": [str(rules_path)], "evaluation_interval": "1m", "tests": tests}
+    document = {"rule_files": [str(p) for p in rules_paths], "evaluation_interval": "1m", "tests": tests}
     path = tmp_path / f"{name}.test.yml"
     path.write_text(yaml.safe_dump(document, sort_keys=False, width=200))
     done = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
@@ -63,7 +73,7 @@ def promtool_file(tmp_path, rules_path, name="gpu") -> tuple[int, str]:
 
 
 def annotations() -> dict:
-    rule = next(r for r in gpu.rules(Settings(), ("node",))[0]["rules"] if r.get("alert"))
+    rule = gpu.fault_alert(gpu_settings())
     text = {k: v.replace("{{ $labels.target }}", "vllm-a").replace("{{ $labels.container }}", "vllm-a")
             for k, v in rule["annotations"].items()}
     text["runbook_url"] = f"{Settings().runbook_url}#hangwatchgpufault"
@@ -71,19 +81,17 @@ def annotations() -> dict:
 
 
 def test_gpu_fault_fires_only_for_a_hung_backend_beside_a_recent_xid(tmp_path):
-    rules = gpu.write(tmp_path / "rules", Settings(), ("node",))
-    code, output = promtool_file(tmp_path, rules)
+    code, output = promtool_file(tmp_path, write_rules(tmp_path / "rules"))
     assert code == 0, output
 
 
 @pytest.mark.parametrize("broken", [("and on (node)", "and on ()"), ("> 0)", ">= 0)"),
                                     ('state=~"hung|stalled"', 'state=~"hung|stalled|idle"')])
 def test_the_cases_catch_a_broken_join(tmp_path, broken):
-    rules = gpu.write(tmp_path / "rules", Settings(), ("node",))
-    text = rules.read_text()
-    assert broken[0] in text
-    rules.write_text(text.replace(broken[0], broken[1]))
-    code, _ = promtool_file(tmp_path, rules, "broken")
+    paths = write_rules(tmp_path / "rules")
+    path = next(p for p in paths if broken[0] in p.read_text())
+    path.write_text(path.read_text().replace(broken[0], broken[1]))
+    code, _ = promtool_file(tmp_path, paths, "broken")
     assert code != 0
 
 
@@ -94,6 +102,10 @@ def test_the_cli_renders_it_only_when_asked(tmp_path):
     assert main(["rules", "--gpu-labels", "node,gpu_slot", "--gpu-xid-series", "DCGM_FI_DEV_XID_LAST_VALUE",
                  "--out", str(tmp_path / "gpu")]) == 0
     text = (tmp_path / "gpu" / gpu.NAME).read_text()
-    assert "and on (node, gpu_slot)" in text and "|DCGM_FI_DEV_XID_LAST_VALUE" in text
+    alerts = (tmp_path / "gpu" / "hangwatch-alerts.yml").read_text()
+    assert "max by (node, gpu_slot)" in text and "|DCGM_FI_DEV_XID_LAST_VALUE" in text
+    assert "and on (node, gpu_slot)" in alerts
+    assert alerts.index("alert: HangwatchGPUFault") < alerts.index("alert: HangwatchBackendHung")
+    assert "HangwatchGPUFault" not in (tmp_path / "plain" / "hangwatch-alerts.yml").read_text()
     assert main(["rules", "--gpu-labels", "state", "--out", str(tmp_path / "bad")]) == 64
     assert main(["rules", "--gpu-window", "1h", "--out", str(tmp_path / "bad")]) == 64
