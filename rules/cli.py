@@ -52,12 +52,19 @@ def add_rules_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write hangwatch-gpu.yml: HangwatchGPUFault joins hung or stalled backends to "
                              "dcgm-exporter's Xid series on these labels, which both scrape configs set "
                              "(e.g. node; docs/gpu.md)")
-    parser.add_argument("--gpu-window", default="15m", metavar="DURATION",
+    parser.add_argument("--gpu-window", default=gpu_rules.DEFAULT_WINDOW, type=_gpu_window, metavar="DURATION",
                         help="with --gpu-labels: how recent an Xid counts (default 15m)")
-    parser.add_argument("--gpu-xid-series", action="append", default=[], metavar="NAME",
+    parser.add_argument("--gpu-xid-series", action="append", default=None, metavar="NAME",
                         help="with --gpu-labels: another Xid series name to read (repeatable; "
                              "DCGM_FI_DEV_XID_ERRORS and DCGM_EXP_XID_ERRORS_COUNT are always read)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the rule files")
+
+
+def _gpu_window(text: str) -> float:
+    try:
+        return gpu_rules.window(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
 
 
 def _stall_window(text: str) -> tuple[str, float]:
@@ -87,9 +94,9 @@ def run_rules(args) -> int:
             if args.kubernetes:
                 raise ConfigError("--gpu-labels: not with --kubernetes yet (write the rule files and load them)")
             settings = dataclasses.replace(settings, gpu=(
-                gpu_rules.labels(args.gpu_labels), gpu_rules.window(args.gpu_window),
-                gpu_rules.series_names(tuple(args.gpu_xid_series))))
-        elif args.gpu_xid_series or args.gpu_window != "15m":
+                gpu_rules.labels(args.gpu_labels), args.gpu_window,
+                gpu_rules.series_names(tuple(args.gpu_xid_series or ()))))
+        elif args.gpu_xid_series or args.gpu_window != gpu_rules.DEFAULT_WINDOW:
             raise ConfigError("--gpu-window, --gpu-xid-series: only with --gpu-labels")
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch: {exc}\n")

@@ -76,7 +76,7 @@ class Target:
     group: str | None = None  # the targets that serve one model (group_limit); from the config only
     forensics_url: str | None = None  # the exporter asked for the stacks before a restart (GET /forensics)
     restart_on: tuple[str, ...] = ("hung",)  # verdicts that may restart it: hung, and stalled if opted in
-    policy: tuple[tuple[str, str], ...] = ()  # (signature class, restart | alert_only): overrides (wrongtool.py)
+    policy: tuple[tuple[str, str], ...] | None = None  # (class, restart | alert_only) overrides (wrongtool.py)
     startup_deadline: float | None = None     # up this long, port closed, log silent: startup_stuck
 
     @property

@@ -28,10 +28,10 @@ log = logging.getLogger("hangwatch.webhook")
 RESTART, ALERT_ONLY = "restart", "alert_only"
 
 
-def class_policies(raw, path: str) -> tuple[tuple[str, str], ...]:
+def class_policies(raw, path: str) -> tuple[tuple[str, str], ...] | None:
     """``targets[].policy``: {class: restart | alert_only} for any of the catalogue's classes."""
     if raw is None:
-        return ()
+        return None
     data = mapping(raw, path, set(CLASSES))
     for klass, policy in data.items():
         if policy not in POLICIES:
@@ -66,7 +66,7 @@ class Judgement:
 
 
 def policy_for(target, klass: str, default: str) -> str:
-    return dict(target.policy).get(klass, default)
+    return dict(target.policy or ()).get(klass, default)
 
 
 def judge(target, log_match: LogMatch | None, stack_signature: str | None) -> Judgement:
