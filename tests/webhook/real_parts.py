@@ -112,7 +112,7 @@ class Backend:
     """One fake-vLLM container; ``mode`` flips hung/busy/idle; ``restarts()`` counts Docker's restart events."""
 
     def __init__(self, client, image, directory: pathlib.Path, ignore_sigterm: bool = False, name: str | None = None,
-                 say: str | None = None, wait: bool = True, never_listen: bool = False):
+                 say: str | None = None, wait: bool = True, never_listen: bool = False, mirror: str | None = None):
         self.client = client
         self.name = name or f"hw-test-{uuid.uuid4().hex[:8]}"
         self.port = free_port()
@@ -124,11 +124,13 @@ class Backend:
         self.container = client.containers.run(
             image, [HOST_PYTHON, "/app/fake_backend.py", str(self.port), "/mode/mode",
                     *(["--ignore-sigterm"] if ignore_sigterm else []), *(["--say", say] if say else []),
-                    *(["--never-listen"] if never_listen else [])],
+                    *(["--never-listen"] if never_listen else []),
+                    *(["--mirror", "/mirror/" + os.path.basename(mirror)] if mirror else [])],
             name=self.name,
             detach=True, init=True, network_mode="host",
             volumes={"/usr": {"bind": "/usr", "mode": "ro"}, str(HERE): {"bind": "/app", "mode": "ro"},
-                     str(self.mode_dir): {"bind": "/mode", "mode": "ro"}})
+                     str(self.mode_dir): {"bind": "/mode", "mode": "ro"},
+                     **({os.path.dirname(mirror): {"bind": "/mirror", "mode": "ro"}} if mirror else {})})
         if wait and not never_listen:
             self.wait_ready()
 
