@@ -28,6 +28,37 @@ Classes: """ + ", ".join(f"`{c}`" for c in CLASSES) + """.
 
 Out of reach: a Kubernetes pod's log (the webhook has Docker's socket, not the API server's;
 there the kubelet restarts and this catalogue does not apply yet).
+
+Start-up: a target with `startup_deadline` (webhook config) whose container is up longer than
+that, port closed and log silent during the re-check, is `startup_stuck`: restarted once, then
+`alert_only` with class `startup`.
+
+## Escalation: when a restart cannot help
+
+When a target's circuit opens, or a policy says `alert_only`, the webhook config's `escalate`
+runs once per incident (argv without a shell, the incident's JSON on stdin and `HANGWATCH_*`
+in the environment; or an HTTP POST of the JSON), within `timeout`:
+
+```yaml
+escalate:                                   # cordon the node the backend runs on
+  command: [kubectl, cordon, gpu-node-3]
+  timeout: 30s
+```
+
+```yaml
+escalate:                                   # take the backend out of its router (your script)
+  command: [/usr/local/bin/drain-backend, --router, http://router:8080]
+```
+
+```yaml
+escalate:                                   # page the on-call (the tool's generic webhook)
+  url: https://events.oncall.example/integrations/hangwatch/TOKEN
+  timeout: 10s
+```
+
+Its outcome (`ok`, `failed`, `timeout`, `error`) is an `escalation` line in the ledger and
+`hangwatch_webhook_escalations_total{outcome}`; a command still running at the deadline is
+killed with its process group. It restarts nothing.
 """
 
 
