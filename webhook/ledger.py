@@ -23,6 +23,7 @@ log = logging.getLogger("hangwatch.webhook")
 
 LEDGER_NAME = "ledger.jsonl"
 ROTATE_BYTES = 16 * 1024 * 1024  # compact past this size (the old file stays as ledger.jsonl.1)
+KEEP_TOLD = 64                   # alert_only and escalation lines per target carried through compaction
 MAX_LINE = 64 * 1024             # a longer "line" is garbage: skipped, never held in memory
 SKEW_MARGIN = 300.0              # seconds of clock difference between replicas tolerated when pruning
 _DECISION = b'"event": "decision"'  # records are written with sort_keys; a decision is audit only
@@ -43,6 +44,7 @@ class TargetHistory:
     opened_line: bytes = b""
     told: dict[str, str] = field(default_factory=dict)           # alert_only key -> its incident (wrongtool.py)
     escalated: set[str] = field(default_factory=set)             # escalation keys already run (escalation.py)
+    told_lines: list[tuple[float, bytes]] = field(default_factory=list)  # the last KEEP_TOLD (kept on compaction)
 
 
 class Ledger:
@@ -203,8 +205,10 @@ class Ledger:
             history.opened_at, history.opened_line = at, raw
         elif event == "alert_only" and isinstance(record.get("key"), str):
             history.told[record["key"]] = str(record.get("incident"))
+            history.told_lines = (history.told_lines + [(at, raw)])[-KEEP_TOLD:]
         elif event == "escalation" and isinstance(record.get("key"), str):
             history.escalated.add(record["key"])
+            history.told_lines = (history.told_lines + [(at, raw)])[-KEEP_TOLD:]
 
     def told(self, target: str, key: str) -> str | None:
         """The incident of the alert_only record with this key (None: people not yet told)."""
@@ -287,6 +291,7 @@ def _needed(history: TargetHistory):
         yield history.recovered_at, history.recovered_line
     if history.opened_line:
         yield history.opened_at, history.opened_line
+    yield from history.told_lines  # a hung process told about is not told (or escalated) again
 
 
 def _undo(fd: int, size: int) -> None:

@@ -180,7 +180,8 @@ class Policy:
             self.record(alert, target, SKIP, "shutting_down", STOPPING)
             return
         deadline = target.stop_timeout + 2 * self.config.recheck.timeout + 60 + (
-            self.config.forensics_timeout if target.forensics_url else 0)
+            self.config.forensics_timeout if target.forensics_url else 0) + (
+            self.config.escalate.timeout if self.config.escalate else 0)  # escalation.py runs under it too
         try:
             with target_lock(self.config.state_dir, target.name, deadline=deadline, cancelled=lambda: self.stopping):
                 container = self._vetoed(alert, target, since=recheck_started, refresh=True)

@@ -279,3 +279,17 @@ def test_a_down_alert_is_ignored_where_no_startup_deadline_opts_in(saying):
     h.post(payload(down_alert(h)))
     h.settle()
     assert docker.restarts == [] and h.rechecker.calls == []
+
+
+def test_compaction_keeps_who_was_told_and_what_was_escalated(tmp_path):
+    from hangwatch.webhook.ledger import Ledger
+    ledger_ = Ledger(str(tmp_path / "state"), rotate_bytes=4096)
+    ledger_.append({"event": "alert_only", "at": 1.0, "target": "vllm-a", "key": "c1@t", "incident": "/i/1.json"})
+    ledger_.append({"event": "escalation", "at": 1.0, "target": "vllm-a", "key": "alert_only:c1@t",
+                    "outcome": "started"})
+    for i in range(100):  # decisions only: compaction drops them all
+        ledger_.append({"event": "decision", "at": 2.0 + i, "target": "vllm-a", "action": "skip",
+                        "reason": "alert_only", "detail": "x" * 60})
+    assert (tmp_path / "state" / "ledger.jsonl.1").exists(), "never compacted"
+    again = Ledger(str(tmp_path / "state"), rotate_bytes=4096)
+    assert again.told("vllm-a", "c1@t") == "/i/1.json" and again.escalated("vllm-a", "alert_only:c1@t")
