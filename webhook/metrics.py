@@ -103,7 +103,8 @@ class WebhookMetrics:
         Info("hangwatch_build", "The hangwatch version and the Python it runs on.", registry=self.registry).info(
             {"version": __version__, "python_version": platform.python_version()})
 
-    def preset(self, targets, reasons, restart_reasons=("hung",), groups=None, results=("ok", "failed")) -> None:
+    def preset(self, targets, reasons, restart_reasons=("hung", "startup_stuck"), groups=None,
+               results=("ok", "failed")) -> None:
         """Create every series at 0, so rate(), increase() and annotations see the first event.
         ``groups``: target name -> its group (None: no group). ``results``: the restart results
         this webhook can count (``dry_run`` alone in a dry run)."""

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from hangwatch.forensics import serverlog
 from hangwatch.verdict import Verdict
 
-from .decisions import SKIP
+from .decisions import REASONS, SKIP
 from .wrongtool import ALERT_ONLY, Judgement, told_key
 
 DOWN_ALERT = "HangwatchBackendDown"
@@ -45,7 +45,7 @@ class Startups:
             return
         state = result.verdict.state
         if state != "down":
-            reason = f"recheck_{state}" if f"recheck_{state}" in _reasons() else "recheck_error"
+            reason = f"recheck_{state}" if f"recheck_{state}" in REASONS else "recheck_error"
             record(alert, target, SKIP, reason, result.verdict.reason)
             return
         try:
@@ -107,7 +107,3 @@ class Startups:
         started = container.started_at
         return started is not None and started.timestamp() >= last - 1.0
 
-
-def _reasons():
-    from .decisions import REASONS
-    return REASONS
