@@ -109,11 +109,11 @@ class AlertOnly:
         return True
 
     def handle(self, alert, target, container, incident: dict, judgement: Judgement, why: str) -> None:
+        from .decisions import iso_ts  # here: config.py imports this module, decisions.py imports config.py
         now = self.clock()
         key = told_key(container)
         stamp = datetime.fromtimestamp(now, timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-        incident |= {"decided_at": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="milliseconds")
-                     .replace("+00:00", "Z"), "action": ALERT_ONLY}
+        incident |= {"decided_at": iso_ts(now), "action": ALERT_ONLY}
         try:
             path = write_incident(self.config.state_dir, f"{stamp}-{target.name}-{os.getpid()}", incident)
             self.ledger.append({"event": ALERT_ONLY, "at": now, "target": target.name, "key": key,
