@@ -33,9 +33,12 @@ class Summary:
     action: str
     outcome: str | None      # the restart's result: ok / failed (None: not recorded)
     recovered: bool | None   # None: no recovery watch recorded either way
+    klass: str | None = None   # the signature class (log row's, else the stack's): docs/signatures.md
+    policy: str | None = None  # what that class called for: restart | alert_only
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        out = {k: v for k, v in self.__dict__.items() if k != "klass"}
+        return out | {"class": self.klass}
 
 
 def incident_ids(state_dir: str) -> list[str]:
@@ -99,15 +102,17 @@ def summaries(state_dir: str, last: int | None = None) -> list[Summary]:
             was_recovered = (record.get("target"), restart.get("at")) in recovered
         out.append(Summary(
             id=incident_id, decided_at=record.get("decided_at"), target=record.get("target"),
-            verdict=(record.get("recheck") or {}).get("verdict"), signature=record.get("signature"),
-            action=record.get("action", "restart"), outcome=outcome, recovered=was_recovered))
+            verdict=(record.get("recheck") or {}).get("verdict"),
+            signature=record.get("signature") or ((record.get("log_signature") or {}).get("name")),
+            action=record.get("action", "restart"), outcome=outcome, recovered=was_recovered,
+            klass=record.get("class"), policy=record.get("policy")))
     return out
 
 
 def table(rows: list[Summary]) -> str:
-    head = ("ID", "TIME", "TARGET", "VERDICT", "SIGNATURE", "ACTION", "RECOVERED")
+    head = ("ID", "TIME", "TARGET", "VERDICT", "SIGNATURE", "CLASS", "POLICY", "ACTION", "RECOVERED")
     lines = [head] + [(r.id, r.decided_at or "-", r.target or "-", r.verdict or "-", r.signature or "-",
-                       r.action + (f" ({r.outcome})" if r.outcome else ""),
+                       r.klass or "-", r.policy or "-", r.action + (f" ({r.outcome})" if r.outcome else ""),
                        {True: "yes", False: "no", None: "-"}[r.recovered]) for r in rows]
     lines = [tuple(printable(cell) for cell in line) for line in lines]  # a record's text never drives a terminal
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
@@ -122,6 +127,13 @@ def render(record: dict, incident_id: str) -> str:
            f"  decided at: {record.get('decided_at')}   alert began: {(record.get('alert') or {}).get('startsAt')}",
            f"  verdict:    {(record.get('recheck') or {}).get('verdict')}: {(record.get('recheck') or {}).get('reason')}",
            f"  signature:  {record.get('signature') or '-'}" + (f": {forensics.get('cause')}" if forensics.get("cause") else "")]
+    said = record.get("log_signature") or {}
+    if record.get("class"):
+        out.append(f"  class:      {record.get('class')}, policy {record.get('policy')}"
+                   + (" (not restarted: a restart cannot help; see docs/signatures.md)"
+                      if record.get("policy") == "alert_only" else ""))
+    if said:
+        out.append(f"  log said:   {said.get('name')}: {said.get('line')}")
     out += [f"    evidence: {line}" for line in forensics.get("evidence") or ()]
     out += [f"    error:    {line}" for line in forensics.get("errors") or ()]
     out.append("  readings:")

@@ -5,12 +5,14 @@ The flags are defined here and wired into the one command line by ``hangwatch/cl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from hangwatch.settings import ConfigError, duration
 
 from . import dashboard
+from . import gpu as gpu_rules
 from .render import DEFAULT_SCRAPE, RUNBOOK_URL, Settings, format_duration, parse_interval, write
 
 
@@ -49,7 +51,23 @@ def add_rules_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="[ENGINE=]DURATION",
                         help="the stall window of every engine (e.g. 10m), or of one (vllm=10m); repeatable "
                              "(default: each engine's own, see docs/engines.md)")
+    parser.add_argument("--gpu-labels", metavar="LABEL[,LABEL]",
+                        help="also write hangwatch-gpu.yml: HangwatchGPUFault joins hung or stalled backends to "
+                             "dcgm-exporter's Xid series on these labels, which both scrape configs set "
+                             "(e.g. node; docs/gpu.md)")
+    parser.add_argument("--gpu-window", default=gpu_rules.DEFAULT_WINDOW, type=_gpu_window, metavar="DURATION",
+                        help="with --gpu-labels: how recent an Xid counts (default 15m)")
+    parser.add_argument("--gpu-xid-series", action="append", default=None, metavar="NAME",
+                        help="with --gpu-labels: another Xid series name to read (repeatable; "
+                             "DCGM_FI_DEV_XID_ERRORS and DCGM_EXP_XID_ERRORS_COUNT are always read)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the rule files")
+
+
+def _gpu_window(text: str) -> float:
+    try:
+        return gpu_rules.window(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
 
 
 def _stall_window(text: str) -> tuple[str, float]:
@@ -74,6 +92,18 @@ def run_rules(args) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"hangwatch: {exc}\n")
         return 64
+    try:
+        if args.gpu_labels is not None:
+            if args.kubernetes:
+                raise ConfigError("--gpu-labels: not with --kubernetes yet (write the rule files and load them)")
+            settings = dataclasses.replace(settings, gpu=(
+                gpu_rules.labels(args.gpu_labels), args.gpu_window,
+                gpu_rules.series_names(tuple(args.gpu_xid_series or ()))))
+        elif args.gpu_xid_series or args.gpu_window != gpu_rules.DEFAULT_WINDOW:
+            raise ConfigError("--gpu-window, --gpu-xid-series: only with --gpu-labels")
+    except ConfigError as exc:
+        sys.stderr.write(f"hangwatch: {exc}\n")
+        return 64
     if args.release is not None and not args.kubernetes:
         sys.stderr.write("hangwatch: --release: only with --kubernetes (plain rule files carry no labels)\n")
         return 64
@@ -90,6 +120,8 @@ def run_rules(args) -> int:
         return 0
     for path in write(args.out, settings):
         print(path)
+    if settings.gpu is not None:
+        print(gpu_rules.write(args.out, settings))
     sys.stderr.write(f"set scrape_interval: {format_duration(settings.scrape_interval)} (and scrape_timeout at most "
                      f"{format_duration(settings.scrape_interval * 2 / 3)}) on job {settings.job!r}\n")
     return 0

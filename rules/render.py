@@ -18,6 +18,7 @@ import yaml
 from hangwatch.settings import duration
 
 from .engine_rules import grace_rule, stall_window_rule
+from .gpu_rules import fault_alert
 from .settings import DEFAULT_SCRAPE, RUNBOOK_URL, Settings, parse_interval  # noqa: F401 (re-exported)
 from .windows import format_duration, job_matcher, progress_expr, readings_expr, readings_windows, resets_expr
 
@@ -105,6 +106,9 @@ def rule_groups(name: str, settings: Settings) -> list[dict]:
             elif rule.get("generate") == "stall_window":
                 rule = stall_window_rule(settings)
             rules.append(_render_rule(rule, settings, where))
+        if settings.gpu is not None and name == "hangwatch-alerts.yml" and group["name"] == "hangwatch-alerts":
+            # first in the hang alert's group: it must reach Alertmanager first
+            rules.insert(0, _render_rule(fault_alert(settings), settings, f"{name}: HangwatchGPUFault"))
         groups.append({**_resolve({k: v for k, v in group.items() if k != "rules"}, settings, name),
                        "rules": rules})
     return groups

@@ -30,6 +30,8 @@ class Settings:
     engines: tuple[EngineMetrics, ...] = ENGINES
     # --stall-window: (engine name or "*" for every engine, seconds), later entries winning.
     stall_windows: tuple[tuple[str, float], ...] = ()
+    # --gpu-labels (rules/gpu.py): (join labels, Xid window in seconds, Xid series names), or None.
+    gpu: tuple | None = None
 
     def stall_window(self, engine: EngineMetrics) -> float:
         """The engine's stall window for these rules, in seconds (before ``wall_clock_scale``)."""

@@ -23,6 +23,7 @@ from hangwatch.settings import duration
 from hangwatch.target_options import TargetOptions
 from hangwatch.webhook.config import Budget, Config, Recheck, Target, parse_config
 from hangwatch.webhook.config import ConfigError as WebhookConfigError
+from hangwatch.webhook.escalation import Escalate
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = (REPO / "docs" / "configuration.md").read_text()
@@ -112,7 +113,8 @@ def webhook_keys() -> set[str]:
     tls = known_keys(parse_config, {"docker_hosts": {"h": {"url": "tcp://h:2376", "tls": {"no_such_key": 1}}},
                                     "targets": [TARGET]}, WebhookConfigError)
     target = known_keys(parse_config, {"targets": [dict(TARGET, no_such_key=1)]}, WebhookConfigError)
-    return (top | {f"recheck.{k}" for k in recheck} | {f"budget.{k}" for k in budget}
+    escalate = known_keys(parse_config, {"escalate": {"no_such_key": 1}, "targets": [TARGET]}, WebhookConfigError)
+    return ({f"escalate.{k}" for k in escalate} | top | {f"recheck.{k}" for k in recheck} | {f"budget.{k}" for k in budget}
             | {f"fleet_budget.{k}" for k in fleet} | {f"docker_hosts.<name>.{k}" for k in host - {"tls"}}
             | {f"docker_hosts.<name>.tls.{k}" for k in tls} | {f"targets[].{k}" for k in target})
 
@@ -133,6 +135,8 @@ def test_webhook_config_defaults_are_the_documented_ones():
             actual = getattr(budget, key.split(".")[1])
         elif key.startswith("fleet_budget."):
             actual = getattr(top.fleet_budget, key.split(".")[1])
+        elif key.startswith("escalate."):
+            actual = getattr(Escalate(), key.split(".")[1])
         elif key.endswith(".insecure_tcp"):
             actual = False  # a flag read at start-up (docker_hosts.<name> and targets[]), kept nowhere else
         elif key.startswith("docker_hosts"):

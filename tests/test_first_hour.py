@@ -212,5 +212,6 @@ def test_incidents_with_nothing_recorded_says_so_and_exits_0(tmp_path):
     done = hangwatch("incidents", "--state-dir", str(tmp_path / "never-used"))
     assert done.returncode == 0, done.stderr
     assert "no incidents recorded in" in done.stderr
-    assert done.stdout.split() == ["ID", "TIME", "TARGET", "VERDICT", "SIGNATURE", "ACTION", "RECOVERED"]
+    assert done.stdout.split() == ["ID", "TIME", "TARGET", "VERDICT", "SIGNATURE", "CLASS", "POLICY", "ACTION",
+                                   "RECOVERED"]
     assert hangwatch("incidents", "--state-dir", str(tmp_path / "never-used"), "--json").stdout.strip() == "[]"

@@ -28,6 +28,8 @@ from hangwatch.settings import (
 from hangwatch.target_options import KEYS as SHARED_TARGET_KEYS
 from hangwatch.target_options import TargetOptions, target_options
 
+from .classpolicy import class_policies, startup_deadline
+from .escalation import Escalate, parse_escalate
 from .hosts import DEFAULT_HOST, DockerHost, parse_docker_hosts, require_tls, resolve
 from .private import require_private
 
@@ -40,7 +42,7 @@ _SHARE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 # two recheck intervals) and what the webhook may do to it.
 READ_KEYS = SHARED_TARGET_KEYS - {"stall_window"}
 TARGET_KEYS = frozenset({"name", "container", "stop_timeout", "docker_host", "group", "insecure_tcp", "forensics_url",
-                         "restart_on"})
+                         "restart_on", "policy", "startup_deadline"})
 RESERVED_NAMES = {"ledger"}  # locks/ledger.lock is the ledger's own lock: a target's lock must not be it
 
 
@@ -74,6 +76,8 @@ class Target:
     group: str | None = None  # the targets that serve one model (group_limit); from the config only
     forensics_url: str | None = None  # the exporter asked for the stacks before a restart (GET /forensics)
     restart_on: tuple[str, ...] = ("hung",)  # verdicts that may restart it: hung, and stalled if opted in
+    policy: tuple[tuple[str, str], ...] | None = None  # (class, restart | alert_only) overrides (wrongtool.py)
+    startup_deadline: float | None = None     # up this long, port closed, log silent: startup_stuck
 
     @property
     def url(self) -> str:
@@ -109,6 +113,7 @@ class Config:
     fleet_budget: Budget = field(default_factory=lambda: Budget(restarts=10, window=3600.0))
     forensics_timeout: float = 30.0                     # the longest a restart waits for the stacks
     forensics_token_file: str | None = None             # the exporter's forensics.token_file, sent as a bearer
+    escalate: Escalate | None = None                    # once per incident a restart cannot help
 
     def target(self, name: str) -> Target | None:
         return next((t for t in self.targets if t.name == name), None)
@@ -137,7 +142,7 @@ def parse_config(raw, env=os.environ) -> Config:
         raise ConfigError(f"config: expected a mapping, got {show(raw)}")
     top = mapping(raw, "", {"token_file", "reset_token_file", "state_dir", "dry_run", "alertnames", "recheck",
                             "cooldown", "budget", "targets", "docker_hosts", "group_limit", "recovery",
-                            "fleet_budget", "forensics_timeout", "forensics_token_file"})
+                            "fleet_budget", "forensics_timeout", "forensics_token_file", "escalate"})
     defaults = Config(targets=())
     token_file = top.get("token_file")
     if token_file is not None:
@@ -189,7 +194,8 @@ def parse_config(raw, env=os.environ) -> Config:
                   state_dir=state_dir, dry_run=dry_run, alertnames=alertnames, recheck=recheck,
                   cooldown=cooldown, budget=budget, docker_hosts=tuple(hosts.values()), group_limit=group_limit,
                   recovery=recovery, fleet_budget=fleet_budget, forensics_timeout=forensics_timeout,
-                  forensics_token_file=forensics_token_file)
+                  forensics_token_file=forensics_token_file,
+                  escalate=parse_escalate(top.get("escalate")))
 
 
 def _budget(raw, path: str, default: Budget) -> Budget:
@@ -283,4 +289,6 @@ def _target(raw, path: str, hosts: dict[str, DockerHost], env) -> Target:
         if verdict not in RESTART_VERDICTS:
             raise ConfigError(f"{path}.restart_on: {show(verdict)} is not one of {', '.join(RESTART_VERDICTS)}")
     return Target(name=name, container=container, read=read, stop_timeout=stop_timeout, docker_host=docker_host,
-                  group=group, forensics_url=forensics_url, restart_on=restart_on)
+                  group=group, forensics_url=forensics_url, restart_on=restart_on,
+                  policy=class_policies(data.get("policy"), f"{path}.policy"),
+                  startup_deadline=startup_deadline(data, path))

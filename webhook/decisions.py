@@ -49,6 +49,8 @@ REASONS = (
     "ledger_error",             # the ledger or incident record could not be read or written: no restart
     "shutting_down",            # the webhook is stopping: no new restart begins
     "internal_error",
+    "alert_only",               # hung, but the signature's class says a restart cannot help (wrongtool.py)
+    "startup_stuck",            # restart: up past startup_deadline, port closed, log silent (startup.py)
 )
 # Logged and counted, never written to the ledger: not an alert this webhook may act on. Alertmanager
 # sends them at every group interval; a ledger line each would tell no one more than the counter.
@@ -97,7 +99,7 @@ class Decisions:
         if detail:
             fields.append(("detail", detail))
         line = " ".join(f"{key}={show(value)}" for key, value in fields)
-        level = logging.ERROR if reason in ("circuit_open", "ledger_error", "group_limit", "fleet_limit") \
+        level = logging.ERROR if reason in ("circuit_open", "ledger_error", "group_limit", "fleet_limit", "alert_only") \
             else logging.INFO
         log.log(level, "%s", line)
         if alert is not None and log.isEnabledFor(logging.DEBUG):

@@ -34,6 +34,7 @@ log = logging.getLogger("hangwatch.webhook")
 
 LEDGER_NAME = "ledger.jsonl"
 ROTATE_BYTES = 16 * 1024 * 1024  # compact past this size (the old file stays as ledger.jsonl.1)
+KEEP_TOLD = 64                   # alert_only and escalation lines per target carried through compaction
 MAX_LINE = 64 * 1024             # a longer "line" is garbage: skipped, never held in memory
 SKEW_MARGIN = 300.0              # seconds of clock difference between replicas tolerated when pruning
 _DECISION = b'"event": "decision"'  # records are written with sort_keys; a decision is audit only
@@ -44,6 +45,7 @@ class TargetHistory:
     restarts: list[tuple[float, bytes]] = field(default_factory=list)  # (at, line): attempts that may still count
     last_restart: float | None = None
     last_line: bytes = b""                                       # the last restart's line (kept for compaction)
+    last_verdict: str | None = None                              # what the last restart was for (startup.py)
     reset_at: float = 0.0                                        # last operator circuit reset
     reset_line: bytes = b""
     recovered_at: float = 0.0                                    # last time seen healthy after a restart
@@ -51,6 +53,9 @@ class TargetHistory:
     last_stall_restart: float | None = None                      # the last restart made for a stall
     opened_at: float = 0.0                                       # last circuit opened by the policy itself
     opened_line: bytes = b""
+    told: dict[str, str] = field(default_factory=dict)           # alert_only key -> its incident (wrongtool.py)
+    escalated: set[str] = field(default_factory=set)             # escalation keys already run (escalation.py)
+    told_lines: list[tuple[float, bytes]] = field(default_factory=list)  # the last KEEP_TOLD (kept on compaction)
 
 
 class Ledger:
@@ -195,6 +200,7 @@ class Ledger:
         if event == "restart" and not record.get("dry_run"):
             if history.last_restart is None or at >= history.last_restart:
                 history.last_restart, history.last_line = at, raw
+                history.last_verdict = record.get("verdict")
             horizon = history.last_restart - self.keep - SKEW_MARGIN
             history.restarts = [(t, line) for t, line in history.restarts if t > horizon]
             if at > horizon:
@@ -208,11 +214,35 @@ class Ledger:
             history.recovered_at, history.recovered_line = at, raw
         elif event == "circuit_open" and at >= history.opened_at:
             history.opened_at, history.opened_line = at, raw
+        elif event == "alert_only" and isinstance(record.get("key"), str):
+            history.told[record["key"]] = str(record.get("incident"))
+            history.told_lines = (history.told_lines + [(at, raw)])[-KEEP_TOLD:]
+        elif event == "escalation" and isinstance(record.get("key"), str):
+            history.escalated.add(record["key"])
+            history.told_lines = (history.told_lines + [(at, raw)])[-KEEP_TOLD:]
+
+    def told(self, target: str, key: str) -> str | None:
+        """The incident of the alert_only record with this key (None: people not yet told)."""
+        with self._mutex:
+            history = self._history.get(target)
+            return history.told.get(key) if history else None
+
+    def escalated(self, target: str, key: str) -> bool:
+        """Has the escalation with this key run (or begun) already?"""
+        with self._mutex:
+            history = self._history.get(target)
+            return bool(history) and key in history.escalated
 
     def last_restart(self, target: str) -> float | None:
         with self._mutex:
             history = self._history.get(target)
             return history.last_restart if history else None
+
+    def last_restart_verdict(self, target: str) -> str | None:
+        """The verdict the last restart was made for (hung, stalled, startup_stuck)."""
+        with self._mutex:
+            history = self._history.get(target)
+            return history.last_verdict if history else None
 
     def reset_at(self, target: str) -> float:
         with self._mutex:
@@ -272,6 +302,7 @@ def _needed(history: TargetHistory):
         yield history.recovered_at, history.recovered_line
     if history.opened_line:
         yield history.opened_at, history.opened_line
+    yield from history.told_lines  # a hung process told about is not told (or escalated) again
 
 
 def _undo(fd: int, size: int) -> None:

@@ -11,6 +11,8 @@ window passes and agrees with what a second replica did. Sample::
     hangwatch_webhook_jobs_in_progress 0.0
     hangwatch_webhook_restarts_withheld_total{group="llama-70b",limit="group",target="vllm-a"} 0.0
     hangwatch_webhook_group_restarting{group="llama-70b"} 1.0
+    hangwatch_webhook_alert_only_total{class="hardware",target="vllm-a"} 1.0
+    hangwatch_webhook_escalations_total{outcome="ok"} 1.0
     hangwatch_webhook_last_restart_timestamp_seconds{signature="engine_step_stuck",target="vllm-a"} 1.7649e+09
     hangwatch_build_info{python_version="3.11.2",version="0.3.0"} 1.0
 
@@ -33,6 +35,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Info, generate_
 from prometheus_client.core import GaugeMetricFamily
 
 from hangwatch import __version__
+from hangwatch.forensics.logsignatures import CLASSES
+
+from .escalation import OUTCOMES as ESCALATION_OUTCOMES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -84,6 +89,13 @@ class WebhookMetrics:
                                   "when the webhook last restarted the target (Unix time), with the forensics "
                                   "signature of that restart (none: no capture)", ["target", "signature"],
                                   registry=self.registry)
+        self.alert_only = Counter("hangwatch_webhook_alert_only",
+                                  "hangs proved and not restarted because the signature's class says a restart "
+                                  "cannot help (policy alert_only; one per hung process): left to people",
+                                  ["target", "class"], registry=self.registry)
+        self.escalations = Counter("hangwatch_webhook_escalations",
+                                   "escalate actions run (circuit open or alert_only), by outcome",
+                                   ["outcome"], registry=self.registry)
         self._signatures: dict[str, str] = {}
         self._signatures_lock = threading.Lock()
         self.registry.register(_StateCollector(circuit_open, jobs, group_restarting))
@@ -91,7 +103,8 @@ class WebhookMetrics:
         Info("hangwatch_build", "The hangwatch version and the Python it runs on.", registry=self.registry).info(
             {"version": __version__, "python_version": platform.python_version()})
 
-    def preset(self, targets, reasons, restart_reasons=("hung",), groups=None, results=("ok", "failed")) -> None:
+    def preset(self, targets, reasons, restart_reasons=("hung", "startup_stuck"), groups=None,
+               results=("ok", "failed")) -> None:
         """Create every series at 0, so rate(), increase() and annotations see the first event.
         ``groups``: target name -> its group (None: no group). ``results``: the restart results
         this webhook can count (``dry_run`` alone in a dry run)."""
@@ -103,6 +116,10 @@ class WebhookMetrics:
             group = (groups or {}).get(target)
             for limit in (("group", "fleet") if group else ("fleet",)):
                 self.withheld.labels(target, group or "", limit)
+            for klass in CLASSES:
+                self.alert_only.labels(target, klass)
+        for outcome in ESCALATION_OUTCOMES:
+            self.escalations.labels(outcome)
 
     def note_restart(self, target: str, signature: str | None, at: float) -> None:
         """The target's last restart and its signature: replaces the target's previous series, so

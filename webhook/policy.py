@@ -26,6 +26,8 @@ from .payload import Alert
 from .recovery import RecoveryWatches
 from .restarter import Container, ContainerNotFound, DockerError, Restarter
 from .restarting import Restarts, restarters_by_host
+from .startup import DOWN_ALERT, Startups
+from .startup import applies as startup_applies
 from .statedir import target_lock
 
 log = logging.getLogger("hangwatch.webhook")
@@ -60,6 +62,7 @@ class Policy:
         self.restarts = Restarts(config, self.hosts, forensics=forensics or ask_forensics, ledger=ledger,
                                  metrics=metrics, clock=clock, replica=self.replica, dry_run=dry_run,
                                  decisions=self.decisions, watches=self.watches, stopping=lambda: self.stopping)
+        self.startups = Startups(self)
 
     # -- the cheap part, in the request -------------------------------------------------
     def triage(self, alert: Alert) -> Target | None:
@@ -67,9 +70,12 @@ class Policy:
         name = alert.label("alertname")
         if not alert.firing:
             return self.record(alert, None, SKIP, "resolved")
-        if name not in self.config.alertnames and name != STALL_ALERT:
-            return self.record(alert, None, SKIP, "alertname_ignored")
         target = self.config.target(alert.label("target") or "")
+        if name == DOWN_ALERT and name not in self.config.alertnames and (
+                target is None or target.startup_deadline is None):
+            return self.record(alert, None, SKIP, "alertname_ignored")  # only where startup_deadline opts in
+        if name not in self.config.alertnames and name not in (STALL_ALERT, DOWN_ALERT):
+            return self.record(alert, None, SKIP, "alertname_ignored")
         if target is None:
             return self.record(alert, None, SKIP, "unknown_target")
         if name == STALL_ALERT and "stalled" not in target.restart_on:
@@ -146,6 +152,9 @@ class Policy:
 
     def _run(self, job: Job) -> None:
         alert, target = job.alert, job.target
+        if startup_applies(alert, target):
+            self.startups.run(alert, target)  # startup.py: restarted once, then alert only
+            return
         if self._unhealed_stall(alert, target):
             return
         if self._vetoed(alert, target, since=None, refresh=True) is None:
@@ -163,11 +172,16 @@ class Policy:
             return
         if not self._same_process(alert, target, result):
             return
+        self._restart_under_lock(alert, target, result, recheck_started)
+
+    def _restart_under_lock(self, alert: Alert, target: Target, result, recheck_started: float) -> None:
+        """The final vetoes and the restart, under the target's lock (replicas restart once)."""
         if self.stopping:
             self.record(alert, target, SKIP, "shutting_down", STOPPING)
             return
         deadline = target.stop_timeout + 2 * self.config.recheck.timeout + 60 + (
-            self.config.forensics_timeout if target.forensics_url else 0)
+            self.config.forensics_timeout if target.forensics_url else 0) + (
+            self.config.escalate.timeout if self.config.escalate else 0)  # escalation.py runs under it too
         try:
             with target_lock(self.config.state_dir, target.name, deadline=deadline, cancelled=lambda: self.stopping):
                 container = self._vetoed(alert, target, since=recheck_started, refresh=True)

@@ -12,9 +12,12 @@ import os
 from datetime import datetime, timezone
 from typing import Callable, Mapping
 
+from hangwatch.forensics import logsignatures, serverlog
+
 from . import limits
 from .config import Config, Target
 from .decisions import RESTART, SKIP, Decisions, circuit_detail, iso, iso_ts
+from .escalation import Escalations
 from .ledger import Ledger, LedgerError
 from .metrics import WebhookMetrics
 from .payload import Alert
@@ -22,6 +25,7 @@ from .recovery import RecoveryWatches
 from .restarter import Container, Restarter
 from .secrets import forensics_token, scrubbed
 from .statedir import fleet_lock, write_incident
+from .wrongtool import ALERT_ONLY, AlertOnly, judge
 
 log = logging.getLogger("hangwatch.webhook")
 
@@ -44,6 +48,9 @@ class Restarts:
         self.record = decisions.record
         self.watches = watches
         self._stopping = stopping
+        self.escalations = Escalations(config, ledger=ledger, metrics=metrics, clock=clock, replica=replica)
+        self.alert_only = AlertOnly(config, ledger=ledger, metrics=metrics, record=self.record,
+                                    escalations=self.escalations, clock=clock, replica=replica)
 
     @property
     def stopping(self) -> bool:
@@ -60,6 +67,11 @@ class Restarts:
             self.metrics.restarts.labels(target.name, "dry_run").inc()
             self.record(alert, target, RESTART, result.verdict.state, result.verdict.reason, dry_run=True)
             return
+        # The log tail, scrubbed of every key the webhook knows: a Docker call, before the fleet lock.
+        logs = scrubbed(self._log_tail(target, container), self.config)
+        said = logsignatures.match(serverlog.since_start(logs, container.started_at))  # before deciding
+        if self.alert_only.already_told(alert, target, container, said):
+            return
         stacks = self._capture(target, container)  # once per restart: the vetoes above hold under the target's lock
         incident = {
             "target": target.name, "container": target.container, "container_id": container.id,
@@ -70,12 +82,18 @@ class Restarts:
             "container_started_at": container.started_at_text,
             "recheck": _safe(result.as_json),
             "observations": [_safe(o.as_dict) for o in result.observations],
-            "logs": scrubbed(self._log_tail(target, container), self.config),  # a Docker call: not under the lock
+            "logs": logs,
         }
         signed = {}
         if stacks is not None:
             incident |= {"forensics": stacks, "signature": stacks.get("signature")}
             signed = {"signature": stacks.get("signature") or "none"}
+        judgement = judge(target, said, stacks.get("signature") if stacks is not None else None)
+        incident |= judgement.as_incident()
+        if judgement.policy == ALERT_ONLY:
+            self.alert_only.handle(alert, target, container, incident, judgement, result.verdict.reason)
+            return
+        signed |= judgement.as_decision()
         try:
             recorded = self._record_restart(alert, target, incident, result.verdict.state)
         except TimeoutError as exc:
@@ -98,6 +116,8 @@ class Restarts:
         if len(counted) >= self.config.budget.restarts:
             log.error("CIRCUIT OPEN target=%s container=%s %s", target.name, target.container,
                       circuit_detail(self.config.budget, counted))
+            self.escalations.escalate(target, key=f"circuit_open:{counted[0]!r}", incident=incident,
+                                      incident_path=path, reason="circuit_open")
 
     def _capture(self, target: Target, container: Container) -> dict | None:
         """The stacks of the container's own processes from the target's forensics place (None: none

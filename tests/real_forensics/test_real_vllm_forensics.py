@@ -19,6 +19,7 @@ from hangwatch.demo.wait import wait_until
 from harness import REPO
 from harness.stack import Stack
 from harness.vllm_server import proc_title
+from tests.real_forensics.conftest import SAYS
 from tests.support.require import require_binary
 from tests.webhook.real_parts import Backend, backend_image, docker_client, dockerd  # noqa: F401 (fixtures)
 
@@ -149,7 +150,7 @@ def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, dock
     require_binary("prometheus")
     require_binary("prometheus-alertmanager")
     server = wedgeable_vllm
-    stub = Backend(docker_client, backend_image, tmp_path / "backends")
+    stub = Backend(docker_client, backend_image, tmp_path / "backends", mirror=server.log_path)  # vLLM's log
     stub.set_mode("idle")
     place = tmp_path / "forensics-exporter.yml"
     # vLLM runs on this host, not in the stub container: the exporter takes its processes from the pin
@@ -191,23 +192,31 @@ def test_the_whole_chain_leaves_an_incident_with_the_stacks(wedgeable_vllm, dock
         lines = [json.loads(line) for line in (state_dir / "ledger.jsonl").read_text().splitlines()]
         (restart,) = [e for e in lines if e.get("event") == "decision" and e["action"] == "restart"]
         assert restart["signature"] == "engine_step_stuck", restart
+        # The log and the stacks together: vLLM's own line (the fault plugin wrote it as it wedged,
+        # read through the container's Docker log before deciding) names the class and the policy.
+        assert (restart["log_signature"], restart["class"], restart["policy"]) == (
+            "vllm_shm_broadcast_stalled", "engine_wedge", "restart"), restart
+        assert SAYS in restart["line"]
         assert "signature=engine_step_stuck" in webhook.log_tail(200)
         record = json.loads(open(restart["incident"]).read())
         assert record["signature"] == "engine_step_stuck" and record["forensics"]["verdict"] == "hung"
         assert record["forensics"]["pinned"] == f"pid_file {pid_file}", record["forensics"].get("errors")
         assert record["forensics"]["processes"][0]["pid"] == server.proc.pid
         assert record["forensics"]["netns"] == [os.readlink(f"/proc/{server.proc.pid}/ns/net")]
+        assert record["log_signature"]["name"] == "vllm_shm_broadcast_stalled" and record["class"] == "engine_wedge"
         frames = {f["name"] for p in record["forensics"]["processes"] if p["name"].startswith("VLLM::EngineCore")
                   for t in p["threads"] for f in t["frames"]}
         assert any(name.endswith("hangwatch_fault_wedged_here") for name in frames), frames
         incident_id = os.path.basename(restart["incident"])[:-5]
         listed = subprocess.run([*hangwatch_command(), "incidents", "--state-dir", str(state_dir), "--json"],
                                 capture_output=True, text=True, timeout=60)
-        assert [(r["id"], r["target"], r["signature"], r["outcome"]) for r in json.loads(listed.stdout)] == [
-            (incident_id, "vllm-a", "engine_step_stuck", "ok")]
+        assert [(r["id"], r["target"], r["signature"], r["class"], r["policy"], r["outcome"])
+                for r in json.loads(listed.stdout)] == [
+            (incident_id, "vllm-a", "engine_step_stuck", "engine_wedge", "restart", "ok")]
         shown = subprocess.run([*hangwatch_command(), "incidents", "show", incident_id, "--state-dir",
                                 str(state_dir)], capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "signature:  engine_step_stuck" in shown.stdout
+        assert "log said:   vllm_shm_broadcast_stalled" in shown.stdout
         assert "hangwatch_fault_wedged_here" in shown.stdout
         print(f"wedged -> restarted (with the capture) in {restarted_after:.1f} s; {shape(record['forensics'])}")
         carried = signature_reaches_people(stack, server, "engine_step_stuck")

@@ -64,6 +64,11 @@ def test_example_alertmanager_config_passes_amtool_check_config():
      "people"),
     (["alertname=HangwatchExporterDown", "severity=warning", "job=hangwatch_webhook"], "people"),
     (["alertname=HangwatchBackendDown", "severity=warning", "target=vllm-a"], "people"),
+    # Down with a container: the webhook too (it acts only where startup_deadline opts in).
+    (["alertname=HangwatchBackendDown", "severity=warning", "target=vllm-a", "container=vllm-a"],
+     "hangwatch-webhook,people"),
+    (["alertname=HangwatchGPUFault", "severity=critical", "target=vllm-a", "container=vllm-a"], "people"),
+    (["alertname=HangwatchWebhookAlertOnly", "severity=critical", "target=vllm-a", "class=hardware"], "people"),
     (["alertname=HangwatchBackendRestarted", "severity=info", "target=vllm-a"], "people"),
     (["alertname=SomethingElse", "severity=critical"], "people"),
 ])

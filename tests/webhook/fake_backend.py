@@ -6,7 +6,13 @@ moving), ``idle`` (nothing running; the 1-token probe answers). ``process_start_
 is this process's start, so a container restart shows as a new process.
 ``--ignore-sigterm``: a server that does not stop on SIGTERM, so ``docker restart`` waits its
 whole stop timeout before SIGKILL (a slow restart, to stop the webhook in the middle of).
-Usage: python3 fake_backend.py PORT MODE_FILE [--ignore-sigterm]
+``--say LINE``: print LINE to stderr once it listens (a server's own words before it hung, for the
+signature catalogue's tests).
+``--never-listen``: a start-up that hangs before the port opens (CUDA-graph capture, NCCL init):
+one log line, then nothing, port closed.
+``--mirror FILE``: print every line of FILE, from its start and as it grows, to stderr (a stub
+container whose Docker log is a server's log, for the chain test of the log catalogue).
+Usage: python3 fake_backend.py PORT MODE_FILE [--ignore-sigterm] [--say LINE] [--never-listen] [--mirror FILE]
 """
 import http.server
 import json
@@ -54,5 +60,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
         sys.stderr.write("fake-backend " + (args[0] % args[1:]) + "\n")
 
 
+if "--never-listen" in sys.argv[3:]:
+    print("fake backend: capturing CUDA graphs (never finishes)", flush=True)
+    signal.pause() if hasattr(signal, "pause") else time.sleep(10 ** 9)
+def mirror(path):
+    import os
+    while not os.path.exists(path):
+        time.sleep(0.2)
+    partial = ""
+    with open(path, errors="replace") as handle:
+        while True:
+            chunk = handle.readline()
+            if not chunk:
+                time.sleep(0.2)
+                continue
+            partial += chunk
+            if partial.endswith("\n"):
+                sys.stderr.write(partial)
+                sys.stderr.flush()
+                partial = ""
+
+
+if "--mirror" in sys.argv[3:]:
+    import threading
+    threading.Thread(target=mirror, args=(sys.argv[sys.argv.index("--mirror") + 1],), daemon=True).start()
+server = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
 print(f"fake backend on 127.0.0.1:{PORT}, started {STARTED}", flush=True)
-http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+if "--say" in sys.argv[3:]:
+    print(sys.argv[sys.argv.index("--say") + 1], file=sys.stderr, flush=True)
+server.serve_forever()

@@ -114,11 +114,14 @@ class Backend:
     It must keep its port across restarts (the webhook's config names its URL), so it is given a
     free port, and made again on another when that one was taken before it bound it."""
 
-    def __init__(self, client, image, directory: pathlib.Path, ignore_sigterm: bool = False, name: str | None = None):
+    def __init__(self, client, image, directory: pathlib.Path, ignore_sigterm: bool = False, name: str | None = None,
+                 say: str | None = None, wait: bool = True, never_listen: bool = False, mirror: str | None = None):
         self.client = client
         self.name = name or f"hw-test-{uuid.uuid4().hex[:8]}"
         for attempt in range(1, 6):
-            self._run(image, directory, ignore_sigterm)
+            self._run(image, directory, ignore_sigterm, say, never_listen, mirror)
+            if not wait or never_listen:
+                return  # the caller waits (or nothing listens, by design)
             try:
                 self.wait_ready()
                 return
@@ -128,7 +131,8 @@ class Backend:
                 if attempt == 5 or not clash:
                     raise
 
-    def _run(self, image, directory: pathlib.Path, ignore_sigterm: bool) -> None:
+    def _run(self, image, directory: pathlib.Path, ignore_sigterm: bool, say: str | None,
+             never_listen: bool, mirror: str | None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.mode_dir = directory / f"{self.name}-{self.port}"
@@ -137,10 +141,14 @@ class Backend:
         self.created = int(time.time()) - 1
         self.container = self.client.containers.run(
             image, [HOST_PYTHON, "/app/fake_backend.py", str(self.port), "/mode/mode",
-                    *(["--ignore-sigterm"] if ignore_sigterm else [])], name=self.name,
+                    *(["--ignore-sigterm"] if ignore_sigterm else []), *(["--say", say] if say else []),
+                    *(["--never-listen"] if never_listen else []),
+                    *(["--mirror", "/mirror/" + os.path.basename(mirror)] if mirror else [])],
+            name=self.name,
             detach=True, init=True, network_mode="host",
             volumes={"/usr": {"bind": "/usr", "mode": "ro"}, str(HERE): {"bind": "/app", "mode": "ro"},
-                     str(self.mode_dir): {"bind": "/mode", "mode": "ro"}})
+                     str(self.mode_dir): {"bind": "/mode", "mode": "ro"},
+                     **({os.path.dirname(mirror): {"bind": "/mirror", "mode": "ro"}} if mirror else {})})
 
     def set_mode(self, mode: str) -> None:
         (self.mode_dir / "mode").write_text(mode)
@@ -189,8 +197,8 @@ class Backend:
 def backend(docker_client, backend_image, tmp_path):
     made = []
 
-    def make(mode: str = "hung", ignore_sigterm: bool = False) -> Backend:
-        made.append(Backend(docker_client, backend_image, tmp_path / "backends", ignore_sigterm))
+    def make(mode: str = "hung", ignore_sigterm: bool = False, say: str | None = None, wait: bool = True) -> Backend:
+        made.append(Backend(docker_client, backend_image, tmp_path / "backends", ignore_sigterm, say=say, wait=wait))
         made[-1].set_mode(mode)
         return made[-1]
 

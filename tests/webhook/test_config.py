@@ -189,4 +189,5 @@ def test_bad_config_exits_non_zero_naming_the_key_before_binding(tmp_path):
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == ["hangwatch webhook: targets[1].contanier: unknown key "
                                                 "(known: api_key_file, container, docker_host, forensics_url, "
-                                                "group, insecure_tcp, module, name, probe, restart_on, stop_timeout, url)"]
+                                                "group, insecure_tcp, module, name, policy, probe, restart_on, startup_deadline, "
+                                                "stop_timeout, url)"]

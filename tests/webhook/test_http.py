@@ -91,7 +91,7 @@ def test_every_decision_and_restart_series_exists_at_zero_from_the_start(harness
     from hangwatch.webhook.policy import REASONS
     metrics = harness().client.get("/metrics").text
     for reason in REASONS:
-        action = "restart" if reason == "hung" else "skip"
+        action = "restart" if reason in ("hung", "startup_stuck") else "skip"
         assert f'hangwatch_webhook_decisions_total{{action="{action}",reason="{reason}"}} 0.0' in metrics
     for target in ("vllm-a", "vllm-b"):
         for result in ("ok", "failed"):
