@@ -13,8 +13,19 @@ import re
 from typing import Iterable
 
 REDACTED = "<redacted>"
-SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth", "cookie", "session")
-_WORDS = "|".join(SECRET_WORDS)
+# A name is secret-named when one of its parts (split at anything not a letter or digit) ends in one
+# of these, or is one of the exact words. By parts, not substrings: ``max_num_batched_tokens`` and
+# ``prompt_tokens`` are counts an LLM server logs everywhere (plural "tokens" is never a credential
+# here), ``author`` and ``monkeypatch`` are not secrets; ``hf_token``, ``apiKey``, ``x-api-key``,
+# ``accesstoken`` and ``--api-key`` are.
+SECRET_ENDINGS = ("key", "keys", "token", "secret", "secrets", "password", "passwd", "credential",
+                  "credentials", "cookie", "cookies")
+SECRET_EXACT = {"auth", "authorization", "session", "sessionid", "pwd"}
+SECRET_WORDS = SECRET_ENDINGS + tuple(sorted(SECRET_EXACT))
+# A secret-named name in text: its last part ends in one of the endings, or is one of the exact words
+# (what ``secret_named`` says of that part), starting where a name can start.
+_SECRET_NAME = (r"(?<![\w.-])(?:[\w.-]*[_.-])?(?:[a-z0-9]*(?:" + "|".join(SECRET_ENDINGS) + ")|(?:"
+                + "|".join(sorted(SECRET_EXACT)) + "))")
 
 # (name, pattern, replacement): the one table of what a secret looks like in text.
 SHAPES: tuple[tuple[str, re.Pattern, str], ...] = (
@@ -22,7 +33,7 @@ SHAPES: tuple[tuple[str, re.Pattern, str], ...] = (
     ("bearer or basic credentials", re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{6,}"),
      r"\1\2" + REDACTED),
     ("json value under a secret-named key",
-     re.compile(r"(?i)([\"']?[\w.-]*(?:" + _WORDS + r")[\w.-]*[\"']?\s*[:=]\s*)(\[[^\]]*\]|\"[^\"]*\"|'[^']*'|[^\s,}\]]+)"),
+     re.compile(r"(?i)([\"']?" + _SECRET_NAME + r"[\"']?\s*[:=]\s*)(\[[^\]]*\]|\"[^\"]*\"|'[^']*'|[^\s,}\]]+)"),
      r"\1" + REDACTED),
     ("token prefixes", re.compile(r"\b(sk-|sk-proj-|hf_|ghp_|gho_|ghs_|github_pat_|xox[abpr]-|glpat-|AKIA)"
                                   r"[A-Za-z0-9_-]{8,}"), r"\1" + REDACTED),
@@ -55,8 +66,8 @@ def scrub(value, secrets: Iterable[str] = ()):
 
 
 def secret_named(name: str) -> bool:
-    lower = name.lower()
-    return any(word in lower for word in SECRET_WORDS)
+    return any(part.endswith(SECRET_ENDINGS) or part in SECRET_EXACT
+               for part in re.split(r"[^a-z0-9]+", name.lower()) if part)
 
 
 def redact_argv(argv: Iterable[str]) -> tuple[str, ...]:
