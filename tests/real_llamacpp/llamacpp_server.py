@@ -34,6 +34,7 @@ MODEL_FILE = "hangwatch-1024x12-f16.gguf"
 MEASUREMENTS = Path(__file__).resolve().parents[1] / "data" / "llamacpp" / "measurements.json"
 SLOTS = 4
 CONTEXT = 4096
+THREADS = 1  # see start(): a loaded machine must not change the rate by 10x
 BATCH = 4096  # -b and -ub: one 3,900-token prompt is ONE llama_decode() call (REAL-PARTS)
 # One slot task's first and last log lines (llama-server's SLT_INF, at its default verbosity).
 TASK_STARTED, TASK_ENDED = "processing task", "stop processing"
@@ -104,7 +105,11 @@ class LlamaServer:
         args = [server_binary(), "-m", model_path(), "--metrics", "--slots", "--host", "127.0.0.1",
                 "--port", "0", "-np", str(SLOTS), "-c", str(CONTEXT),
                 # unified KV: any one slot may hold a ~3,900-token prompt; one batch for it
-                "--kv-unified", "-b", str(BATCH), "-ub", str(BATCH), "--no-webui"]
+                "--kv-unified", "-b", str(BATCH), "-ub", str(BATCH), "--no-webui",
+                # one compute thread: ggml's threads spin at every op's barrier, so on a loaded
+                # two-core machine one descheduled thread stalls the other — measured with one
+                # core kept busy (--cpu-hog): 82 ms/token with two threads, 38 with one (as idle)
+                "-t", str(THREADS), "-tb", str(THREADS)]
         self.process = start_server("llama-server", args, self.log_path, "/health", deadline=timeout,
                                     cwd=self.logdir)
 
