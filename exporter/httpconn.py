@@ -1,4 +1,4 @@
-"""One client connection of ``BoundedHTTPServer`` on a non-blocking socket: read a head within
+"""One client connection of the exporter's server on a non-blocking socket: read a head within
 ``read_timeout``, answer it (inline, on the loop, or from a worker), repeat while kept alive, and
 close an idle one after ``IDLE_TIMEOUT``. Whatever the client does — half-closes, pipelines, never
 reads its answers — costs its own connection at most, never the loop.
@@ -8,13 +8,10 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING
 
+from .admission import Peer, Server
 from .evloop import Loop
 from .httpwire import MAX_HEAD_BYTES, BadRequest, Head, Request, Response, Route, encode, head_length, plain
-
-if TYPE_CHECKING:
-    from .httpserver import BoundedHTTPServer, _Client
 
 log = logging.getLogger("hangwatch.exporter.httpserver")
 
@@ -33,7 +30,7 @@ class Connection:
     """One client connection on a non-blocking socket: read a head (within read_timeout),
     answer, repeat (keep-alive). Every method runs on the loop's thread."""
 
-    def __init__(self, server: BoundedHTTPServer, sock: socket.socket, client: _Client, name: str):
+    def __init__(self, server: Server, sock: socket.socket, client: Peer, name: str):
         self.server = server
         self.loop = server.loop
         self.sock = sock
@@ -304,7 +301,7 @@ class Connection:
         if not self.closed:
             self._respond(response)
         else:
-            server._release(client)
+            server.release(client)
         server.start_waiting()
 
     def _respond(self, response: Response):

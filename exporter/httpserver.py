@@ -13,10 +13,10 @@ import socket
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from .admission import Peer, ServerStats, client_connection_cap, client_slot_cap
 from .evloop import Loop
 from .httpconn import Connection, log, log_failure
 from .httpwire import Head, Request, Response, Route, parse_head, plain
@@ -32,49 +32,6 @@ MAX_KEPT_HEAD = 1024
 KEPT_HEADS_BYTES = 4 * 1024 * 1024
 KEPT_HEAD_OVERHEAD = 1024   # what a kept head costs beside its bytes (its Head, dict, strings)
 ALLOWED_METHODS = ("GET", "HEAD")
-
-
-@dataclass
-class ServerStats:
-    """Counters a face can export (this module imports no metrics library)."""
-
-    connections_open: int = 0
-    work_admitted: int = 0   # work requests admitted and not yet answered
-    work_running: int = 0    # of which holding a slot now (on the loop or a worker)
-    dropped: dict[str, int] = field(default_factory=lambda: {
-        "read_timeout": 0, "evicted": 0, "refused": 0, "bad_request": 0})
-    shed: int = 0      # work answered 503 because no worker was free in time
-
-    @property
-    def work_waiting(self) -> int:
-        return max(0, self.work_admitted - self.work_running)
-
-
-
-def client_connection_cap(max_connections: int) -> int:
-    """One address may hold all but a sixty-fourth of the table: room for others to connect
-    without evicting, while one Prometheus' burst of 1,000 scrapes fits a table of 1,024."""
-    return max(1, max_connections - max(1, max_connections // 64))
-
-
-def client_slot_cap(workers: int) -> int:
-    """One address may hold all but an eighth of the work slots (a kubelet's /livez finds one
-    free while another client keeps the rest busy); with fewer than 8, round-robin alone."""
-    return max(1, workers - workers // 8)
-
-
-class _Client:
-    """One peer address: its connections (oldest first), the idle ones among them (evictable,
-    oldest first), the work slots it holds and its work waiting for one (oldest first)."""
-
-    __slots__ = ("address", "connections", "idle", "running", "waiting")
-
-    def __init__(self, address: str):
-        self.address = address
-        self.connections: dict[Connection, None] = {}
-        self.idle: OrderedDict[Connection, None] = OrderedDict()
-        self.running = 0
-        self.waiting: OrderedDict[Connection, None] = OrderedDict()
 
 
 class BoundedHTTPServer:
@@ -110,9 +67,9 @@ class BoundedHTTPServer:
         self._running = threading.Event()
         self._entered = False
         self.connections: set[Connection] = set()
-        self.clients: dict[str, _Client] = {}
+        self.clients: dict[str, Peer] = {}
         self.free_slots = workers  # work being done now, on the loop or a thread (loop thread only)
-        self.waiting: OrderedDict[_Client, None] = OrderedDict()  # clients with waiting work, round-robin
+        self.waiting: OrderedDict[Peer, None] = OrderedDict()  # clients with waiting work, round-robin
         self._starting = False     # start_waiting is running (it is never entered twice)
         self.kept_heads: OrderedDict[bytes, Head] = OrderedDict()  # see KEPT_HEADS_BYTES
         self.kept_heads_bytes = 0
@@ -173,11 +130,11 @@ class BoundedHTTPServer:
             address = peer[0] if isinstance(peer, tuple) else ""
             client = self.clients.get(address)
             if client is None:
-                client = self.clients[address] = _Client(address)
+                client = self.clients[address] = Peer(address)
             connection = Connection(self, sock, client, f"{address}:{peer[1]}" if isinstance(peer, tuple) else "")
             if not self.admit(connection):
                 sock.close()
-                self._release(client)
+                self.release(client)
                 continue
             connection.start()
 
@@ -207,7 +164,7 @@ class BoundedHTTPServer:
         self.stats.connections_open = len(self.connections)
         return True
 
-    def _evict_from(self, client: _Client, busy_too: bool) -> bool:
+    def _evict_from(self, client: Peer, busy_too: bool) -> bool:
         """Close the client's oldest idle connection, else (``busy_too``) its oldest one."""
         victim = next(iter(client.idle), None)
         if victim is None and busy_too:
@@ -224,9 +181,9 @@ class BoundedHTTPServer:
         client.connections.pop(connection, None)
         client.idle.pop(connection, None)
         self.stats.connections_open = len(self.connections)
-        self._release(client)
+        self.release(client)
 
-    def _release(self, client: _Client) -> None:
+    def release(self, client: Peer) -> None:
         """Drop an address's record once nothing of it is left (its slots included: a client
         that closes its connections still holds the slots their work runs in)."""
         if not client.connections and not client.running and not client.waiting:
@@ -277,7 +234,7 @@ class BoundedHTTPServer:
             oldest, _ = kept.popitem(last=False)
             self.kept_heads_bytes -= len(oldest) + KEPT_HEAD_OVERHEAD
 
-    def may_start(self, client: _Client) -> bool:
+    def may_start(self, client: Peer) -> bool:
         return self.free_slots > 0 and client.running < self.max_client_slots
 
     def start_waiting(self) -> None:

@@ -28,7 +28,7 @@ class RemoteDisconnected(ConnectionResetError):
 
 class AnswerReader:
     """The answer half of ``LoopGet``: head, framing, body. ``LoopGet`` supplies the connection
-    (``client.landing``, ``_lost``, ``_fail``, ``_end``) and the state these methods keep."""
+    (``landing``, ``_lost``, ``_fail``, ``_end``) and the state these methods keep."""
 
     def _head(self, data) -> None:
         """The status line and headers, line by line from a read position: the rest of the

@@ -80,7 +80,7 @@ class LoopClient:
                 while len(self._requests) >= KEPT_REQUESTS:
                     self._requests.pop(next(iter(self._requests)))
                 self._requests[key] = request
-        LoopGet(self, host, port, family, request, deadline, done, max_bytes).start()
+        LoopGet(self.loop, self.idle, self.landing, host, port, family, request, deadline, done, max_bytes).start()
 
     def close(self) -> None:
         self.idle.close()

@@ -10,15 +10,13 @@ import errno
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from hangwatch.connect import short_error
 from hangwatch.fetch import BROKEN, REFUSED, TIMEOUT, UNREACHABLE, Deadline, Fetched
+from hangwatch.idlepool import IdlePool
 
 from .loopanswer import AnswerReader, BadAnswer, RemoteDisconnected
-
-if TYPE_CHECKING:
-    from .loopfetch import LoopClient
 
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 
@@ -26,13 +24,16 @@ Done = Callable[[Fetched], None]
 
 
 class LoopGet(AnswerReader):
-    """One request's state: connect -> send -> head -> body; one timer at the deadline."""
+    """One request's state: connect -> send -> head -> body; one timer at the deadline.
+
+    Passed what it uses of its client (the loop, the idle pool, the landing buffer), not the
+    client itself: the client makes ``LoopGet``s, so a reference back would be a circle."""
 
     CONNECTING, SENDING, HEAD, BODY = "connecting", "sending", "head", "body"
 
-    def __init__(self, client: LoopClient, host, port, family, request: bytes, deadline: Deadline, done: Done,
-                 max_bytes: int):
-        self.client, self.loop = client, client.loop
+    def __init__(self, loop, idle: IdlePool[socket.socket], landing: memoryview, host, port, family,
+                 request: bytes, deadline: Deadline, done: Done, max_bytes: int):
+        self.loop, self.idle, self.landing = loop, idle, landing
         self.host, self.port, self.family, self.request = host, port, family, request
         self.deadline, self.done, self.max_bytes = deadline, done, max_bytes
         self.started = time.monotonic()
@@ -51,7 +52,7 @@ class LoopGet(AnswerReader):
             self._fail(TIMEOUT, f"no time left in the {self.budget:g}s budget")
             return
         self.timer = self.loop.call_at(self.deadline.at, self._timed_out)
-        self._begin(self.client.idle.take((self.host, self.port)))
+        self._begin(self.idle.take((self.host, self.port)))
 
     def _begin(self, sock: socket.socket | None) -> None:
         self.buffer = bytearray()
@@ -125,7 +126,7 @@ class LoopGet(AnswerReader):
         try:
             if _QUICKACK is not None:
                 self.sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)  # as fetch: no delayed ACK
-            landing = self.client.landing
+            landing = self.landing
             data = landing[:self.sock.recv_into(landing)]  # copied out before this callback returns
         except BlockingIOError:
             return
@@ -188,7 +189,7 @@ class LoopGet(AnswerReader):
         self._unwatch()
         if self.sock is not None:
             if keep:
-                self.client.idle.give_back((self.host, self.port), self.sock)
+                self.idle.give_back((self.host, self.port), self.sock)
                 self.sock = None
             else:
                 self._drop_socket()

@@ -12,10 +12,8 @@ import queue
 import socket
 import ssl
 import threading
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .fetch import Deadline
+from .deadline import Deadline
 
 RESOLVER_THREADS = 16  # host names resolved at once; more wait in line (within their own budgets)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .connect import connect_within, short_error, shown_host, tls_context
+from .deadline import Deadline
 from .idlepool import IdlePool
 from .observation import BROKEN, HTTP_ERROR, OK, REFUSED, TIMEOUT, TOO_LARGE, UNREACHABLE
 
@@ -30,29 +31,6 @@ MAX_ERROR_BODY = 2048
 USER_AGENT = "hangwatch"
 
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux
-
-
-class Deadline:
-    """One wall-clock moment (``time.monotonic``) by which a whole reading must be done."""
-
-    __slots__ = ("at",)
-
-    def __init__(self, at: float):
-        self.at = at
-
-    @classmethod
-    def after(cls, seconds: float) -> "Deadline":
-        return cls(time.monotonic() + seconds)
-
-    def left(self) -> float:
-        return self.at - time.monotonic()
-
-    @property
-    def expired(self) -> bool:
-        return self.left() <= 0
-
-    def __repr__(self) -> str:
-        return f"Deadline(left={self.left():.3f}s)"
 
 
 @dataclass(frozen=True)
