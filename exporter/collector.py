@@ -37,13 +37,15 @@ Sample output for a busy vLLM::
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import NamedTuple
 
 from prometheus_client.utils import floatToGoString
 
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.exposition import counters_sum, progress_fingerprint
-from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import module as module_named
 from hangwatch.observation import TIMEOUT, Observation, Options
 from hangwatch.observe import engine_version, version_due
@@ -212,8 +214,9 @@ class BackendCollector:
         if reading is not None and not version:
             version = self.known_version(observation)
             if not version and not self.backing_off(observation):
-                version = engine_version(self.client, self.target.rstrip("/"), reading.engine, deadline,
-                                         self.options)
+                # TEMPORARY (branch core): on a worker thread until the server is on asyncio.
+                version = asyncio.run(engine_version(self.client, self.target.rstrip("/"), reading.engine,
+                                                     deadline, self.options))
                 if self.versions is not None:
                     self.versions.put(self.target, reading.engine, reading.process_start, version)
         self.last_observation = observation

@@ -9,13 +9,15 @@ must see a gap, not a verdict.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hangwatch.fetch import Client, Deadline
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.modules import MODULES
 from hangwatch.observe import metrics_observation, observe_backend, probe_due
 
@@ -74,7 +76,8 @@ class Prober:
         collector = self.collector(asked, timeout_header, waited)
         started = time.monotonic()
         deadline = Deadline.after(collector.budget)
-        observation = MODULES[module].observe(self.client, target, deadline, collector.options)
+        # TEMPORARY (branch core): on a worker thread until the server is on asyncio.
+        observation = asyncio.run(MODULES[module].observe(self.client, target, deadline, collector.options))
         body = render_series(collector.series(observation, started, deadline))
         _log_probe(target, module, collector.last_observation, time.monotonic() - started)
         return 200, CONTENT_TYPE_LATEST, body
@@ -128,7 +131,8 @@ class Prober:
     def _finish(self, request: Request, collector: BackendCollector, observation, started: float,
                 deadline: Deadline) -> Response:
         """``observe_backend`` from the /metrics reading the loop took, then the series."""
-        observation = observe_backend(self.client, collector.target, deadline, collector.options, first=observation)
+        observation = asyncio.run(observe_backend(self.client, collector.target, deadline, collector.options,
+                                                  first=observation))  # TEMPORARY (branch core)
         return self._rendered(request, collector, observation, started, deadline)
 
     def _rendered(self, request: Request, collector: BackendCollector, observation, started: float,

@@ -10,12 +10,15 @@ window: ``stalled`` needs that long without a token out or a request answered.
 """
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
-from .fetch import Client, Deadline
+from .client import Client
+from .deadline import Deadline
 from .modules import module as module_named
 from .observation import PROBE_AUTO, Observation, Options
 from .verdict import Verdict, judge, min_grace
@@ -64,15 +67,23 @@ class CheckResult:
         }
 
 
-def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: float = 5.0,
-          grace: float = 0.0, stall_window: float | None = None, engine: str | None = None, api_key: str | None = None, probe: str = PROBE_AUTO,
-          client: Client | None = None, sleep: Callable[[float], None] = time.sleep,
-          clock: Callable[[], float] = time.monotonic,
-          on_observation: Callable[[Observation, Verdict], None] | None = None) -> CheckResult:
+def check(url: str, **kwargs) -> CheckResult:
+    """``check_async`` for a caller with no event loop of its own (``hangwatch check``, the
+    webhook's worker threads): the whole check on a loop of its own, then that loop is closed."""
+    return asyncio.run(check_async(url, **kwargs))
+
+
+async def check_async(url: str, *, module: str = "backend", interval: float = 5.0, timeout: float = 5.0,
+                      grace: float = 0.0, stall_window: float | None = None, engine: str | None = None,
+                      api_key: str | None = None, probe: str = PROBE_AUTO, client: Client | None = None,
+                      sleep: Callable[[float], Awaitable[None] | None] = asyncio.sleep,
+                      clock: Callable[[], float] = time.monotonic,
+                      on_observation: Callable[[Observation, Verdict], None] | None = None) -> CheckResult:
     """Observe ``url`` until the verdict is settled (at most a few intervals).
 
     Each reading — its /metrics, the idle probe, everything — finishes within ``timeout``
-    seconds of wall-clock time, whatever the server does.
+    seconds of wall-clock time, whatever the server does. ``sleep`` waits between readings
+    (awaited when it is a coroutine function; a plain function is a test's fake clock).
     """
     observe = module_named(module).observe
     options = Options(engine=engine, api_key=api_key, probe=probe)
@@ -81,7 +92,7 @@ def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: 
     observations: list[Observation] = []
     try:
         while True:
-            observation = observe(client, url, Deadline.after(timeout), options, clock=clock)
+            observation = await observe(client, url, Deadline.after(timeout), options, clock=clock)
             observations.append(observation)
             verdict = judge(observations, grace=grace, stall_window=stall_window)
             if on_observation:
@@ -89,7 +100,9 @@ def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: 
             if verdict.settled or len(observations) >= _max_readings(observations, interval,
                                                                        max(grace, stall_window or 0.0)):
                 return CheckResult(verdict, module, tuple(observations))
-            sleep(interval)
+            slept = sleep(interval)
+            if inspect.isawaitable(slept):
+                await slept
     finally:
         if own_client:
             client.close()

@@ -194,7 +194,7 @@ def run_liveness(args, url: str, module: str, show, **target) -> int:
     from . import liveness
     # A stall window is read whole: the budget grows by it (an exec probe's timeoutSeconds must too).
     budget = liveness.needed_budget(args.interval, args.timeout) + (args.stall_window or 0.0)
-    outcome = liveness.run_with_deadline(lambda: liveness.bounded_check(
+    outcome = liveness.run_with_deadline(lambda: liveness.bounded_check_async(
         url, module=module, interval=args.interval, timeout=args.timeout, budget=budget,
         grace=args.grace, stall_window=args.stall_window, engine=args.engine, on_observation=show, **target),
         budget + 1.0)

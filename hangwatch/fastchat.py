@@ -14,7 +14,8 @@ import json
 import time
 from typing import Callable
 
-from .fetch import Client, Deadline, Fetched
+from .client import Client, Fetched
+from .deadline import Deadline
 from .observation import BLIND, OK, PROBE_ANSWERED, PROBE_FAILED, TIMEOUT, Observation, Options, ProbeResult
 from .observe import not_answered, observe_load
 from .probe import outcome_of
@@ -56,10 +57,10 @@ def worker_reading(status) -> Reading:
     return Reading(engine=ENGINE, running=float(queue), waiting=0.0, models=models[:32])
 
 
-def send_worker_probe(client: Client, base_url: str, deadline: Deadline, options: Options = Options()) -> ProbeResult:
+async def send_worker_probe(client: Client, base_url: str, deadline: Deadline, options: Options = Options()) -> ProbeResult:
     """One greedy token, asked of the idle worker itself (not through the controller)."""
     body = {"prompt": "ping", "max_new_tokens": 1, "temperature": 0, "echo": False}
-    fetched = client.request("POST", base_url + "/worker_generate", deadline=deadline, max_bytes=_MAX_ANSWER,
+    fetched = await client.request("POST", base_url + "/worker_generate", deadline=deadline, max_bytes=_MAX_ANSWER,
                              json=body)
     what = "1-token /worker_generate"
     outcome = outcome_of(fetched)
@@ -77,9 +78,9 @@ def send_worker_probe(client: Client, base_url: str, deadline: Deadline, options
                        kind=WORKER_PROBE, http_status=fetched.http_status)
 
 
-def read_worker_status(client: Client, url: str, deadline: Deadline, options: Options, taken_at: float) -> Observation:
+async def read_worker_status(client: Client, url: str, deadline: Deadline, options: Options, taken_at: float) -> Observation:
     """The worker's queue as a Reading (``POST /worker_get_status``: milliseconds, even when busy)."""
-    fetched = client.request("POST", url + "/worker_get_status", deadline=deadline, max_bytes=_MAX_ANSWER)
+    fetched = await client.request("POST", url + "/worker_get_status", deadline=deadline, max_bytes=_MAX_ANSWER)
     failed = not_answered(taken_at, fetched, "/worker_get_status")
     if failed is not None:
         return failed
@@ -94,27 +95,27 @@ def read_worker_status(client: Client, url: str, deadline: Deadline, options: Op
     return Observation(taken_at, OK, reading=reading, scrape_seconds=fetched.elapsed)
 
 
-def observe_worker(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+async def observe_worker(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
                    clock: Callable[[], float] = time.monotonic) -> Observation:
     """Read the worker's queue; probe it only if nothing is queued."""
-    return observe_load(client, url, deadline, options, read=read_worker_status, probe=send_worker_probe,
+    return await observe_load(client, url, deadline, options, read=read_worker_status, probe=send_worker_probe,
                         clock=clock)
 
 
-def observe_controller(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+async def observe_controller(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
                        clock: Callable[[], float] = time.monotonic) -> Observation:
     """``GET /test_connection`` then ``POST /list_models``: answering, and which models are registered."""
     base_url = url.rstrip("/")
     taken_at = clock()
     started = time.monotonic()
-    fetched = client.request("GET", base_url + "/test_connection", deadline=deadline, max_bytes=_MAX_ANSWER)
+    fetched = await client.request("GET", base_url + "/test_connection", deadline=deadline, max_bytes=_MAX_ANSWER)
     failed = not_answered(taken_at, fetched, "/test_connection")
     if failed is not None:
         return failed
     if fetched.status != OK or _json(fetched) != "success":
         return Observation(taken_at, BLIND, error="/test_connection did not answer \"success\" (not a FastChat "
                                                   "controller?)", scrape_seconds=fetched.elapsed)
-    fetched = client.request("POST", base_url + "/list_models", deadline=deadline, max_bytes=_MAX_ANSWER)
+    fetched = await client.request("POST", base_url + "/list_models", deadline=deadline, max_bytes=_MAX_ANSWER)
     elapsed = time.monotonic() - started
     failed = not_answered(taken_at, fetched, "/list_models")
     if failed is not None:
@@ -139,13 +140,13 @@ def api_models(message: str) -> tuple[str, ...] | None:
     return tuple(sorted(name for name in names.split("&&") if name))[:64] if names else ()
 
 
-def observe_api(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+async def observe_api(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
                 clock: Callable[[], float] = time.monotonic) -> Observation:
     """A chat request naming a model that cannot exist: 400 with the registered models is an answer."""
     base_url = url.rstrip("/")
     taken_at = clock()
     body = {"model": UNKNOWN_MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
-    fetched = client.request("POST", base_url + "/v1/chat/completions", deadline=deadline, max_bytes=_MAX_ANSWER,
+    fetched = await client.request("POST", base_url + "/v1/chat/completions", deadline=deadline, max_bytes=_MAX_ANSWER,
                              json=body, headers=options.auth_headers())
     failed = not_answered(taken_at, fetched, "/v1/chat/completions")
     if failed is not None:

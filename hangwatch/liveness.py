@@ -10,13 +10,15 @@ two timeouts and one interval (wedged, failed probe) or two intervals and one ti
 """
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
-from .check import CheckResult, check
+from .check import CheckResult, check_async
 from .observation import Observation
 from .settings import ConfigError, boolean, duration, show
 from .verdict import BUSY, DOWN, HUNG, IDLE, RESTARTED, STALLED, Verdict
@@ -55,14 +57,20 @@ class _OutOfBudget(Exception):
     pass
 
 
-def bounded_check(url: str, *, module: str = "backend", interval: float = INTERVAL,
-                  timeout: float = TIMEOUT, budget: float = BUDGET,
-                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                  on_observation: Callable[[Observation, Verdict], None] | None = None,
-                  **check_args: Any) -> Bounded:
+def bounded_check(url: str, **kwargs: Any) -> Bounded:
+    """``bounded_check_async`` for a caller with no event loop of its own."""
+    return asyncio.run(bounded_check_async(url, **kwargs))
+
+
+async def bounded_check_async(url: str, *, module: str = "backend", interval: float = INTERVAL,
+                              timeout: float = TIMEOUT, budget: float = BUDGET,
+                              clock: Callable[[], float] = time.monotonic,
+                              sleep: Callable[[float], Awaitable[None] | None] = asyncio.sleep,
+                              on_observation: Callable[[Observation, Verdict], None] | None = None,
+                              **check_args: Any) -> Bounded:
     """``check(url, ...)``, taking a next reading only when it can finish within ``budget``.
 
-    ``check_args`` go to ``hangwatch.check.check`` unchanged (``grace``, ``engine``,
+    ``check_args`` go to ``hangwatch.check.check_async`` unchanged (``grace``, ``engine``,
     ``client``, and the target's own ``api_key`` / ``probe``).
     """
     started = clock()
@@ -75,14 +83,16 @@ def bounded_check(url: str, *, module: str = "backend", interval: float = INTERV
         if on_observation:
             on_observation(observation, verdict)
 
-    def guarded_sleep(seconds: float) -> None:
+    async def guarded_sleep(seconds: float) -> None:
         if clock() + seconds + longest > deadline:
             raise _OutOfBudget
-        sleep(seconds)
+        slept = sleep(seconds)
+        if inspect.isawaitable(slept):
+            await slept
 
     try:
-        result = check(url, module=module, interval=interval, timeout=timeout, sleep=guarded_sleep,
-                       clock=clock, on_observation=remember, **check_args)
+        result = await check_async(url, module=module, interval=interval, timeout=timeout, sleep=guarded_sleep,
+                                   clock=clock, on_observation=remember, **check_args)
         return Bounded(result, True, clock() - started)
     except _OutOfBudget:
         verdict = seen[-1][1]
@@ -128,17 +138,21 @@ def readiness(bounded: Bounded | None) -> Answer:
     return Answer(False, f"{verdict.state}: {verdict.reason}")
 
 
-def run_with_deadline(work: Callable[[], Bounded], seconds: float) -> Bounded | None:
-    """``work()`` in a daemon thread; None when it has not finished after ``seconds``.
+async def within(work: Awaitable[Bounded], seconds: float) -> Bounded | None:
+    """``work`` awaited for at most ``seconds``; None when it has not finished by then (it is cancelled).
 
     ``bounded_check`` starts no reading it cannot finish in time, but one request can still
     overrun (a page trickling in); this is the wall-clock deadline that holds regardless.
     """
-    outcome: list[Bounded] = []
-    thread = threading.Thread(target=lambda: outcome.append(work()), daemon=True, name="hangwatch-bounded-check")
-    thread.start()
-    thread.join(max(0.0, seconds))
-    return outcome[0] if outcome else None
+    try:
+        return await asyncio.wait_for(work, max(0.0, seconds))
+    except asyncio.TimeoutError:
+        return None
+
+
+def run_with_deadline(work: Callable[[], Awaitable[Bounded]], seconds: float) -> Bounded | None:
+    """``within`` for a caller with no event loop of its own (``hangwatch check --liveness``)."""
+    return asyncio.run(within(work(), seconds))
 
 
 def budget_error(interval: float, timeout: float, budget: float) -> str | None:

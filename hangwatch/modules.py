@@ -8,15 +8,16 @@ proxy or a FastChat front serves many backends: those are checked and restarted 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 from . import fastchat
-from .fetch import Client, Deadline
+from .client import Client
+from .deadline import Deadline
 from .observation import Observation, Options
 from .observe import observe_backend, observe_proxy
 
-# An observer: (client, url, deadline, options, *, clock) -> Observation
-Observer = Callable[..., Observation]
+# An observer: async (client, url, deadline, options, *, clock) -> Observation
+Observer = Callable[..., Awaitable[Observation]]
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,8 @@ def module(name: str) -> Module:
         raise ValueError(f"unknown module {name!r} (known: {', '.join(MODULES)})") from None
 
 
-def observe(name: str, client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-            clock=None) -> Observation:
+async def observe(name: str, client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+                  clock=None) -> Observation:
     """One observation of ``url`` with the module ``name``."""
     kwargs = {} if clock is None else {"clock": clock}
-    return module(name).observe(client, url, deadline, options, **kwargs)
+    return await module(name).observe(client, url, deadline, options, **kwargs)

@@ -8,22 +8,36 @@ Every request of one observation shares one ``Deadline``.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Awaitable, Callable
 
+from .client import Client, Fetched
+from .deadline import Deadline
 from .engines import ENGINES_BY_NAME
-from .fetch import BROKEN, OK, REFUSED, TIMEOUT, TOO_LARGE, UNREACHABLE, Client, Deadline, Fetched
-from .observation import BLIND, PROBE_NONE, Observation, Options, ProbeResult
+from .observation import (
+    BLIND,
+    BROKEN,
+    OK,
+    PROBE_NONE,
+    REFUSED,
+    TIMEOUT,
+    TOO_LARGE,
+    UNREACHABLE,
+    Observation,
+    Options,
+    ProbeResult,
+)
 from .probe import send_probe
 from .reading import UnreadablePage, parse
 from .verdict import progress, same_process
 
 # A load reader: (client, url, deadline, options, taken_at) -> Observation (OK with a reading, or not).
-LoadReader = Callable[[Client, str, Deadline, Options, float], Observation]
+LoadReader = Callable[[Client, str, Deadline, Options, float], Awaitable[Observation]]
 # A prober: (client, url, deadline, options) -> ProbeResult.
-Prober = Callable[[Client, str, Deadline, Options], ProbeResult]
+Prober = Callable[[Client, str, Deadline, Options], Awaitable[ProbeResult]]
 
 _NOT_ANSWERED = (REFUSED, UNREACHABLE, TIMEOUT, BROKEN)
 
@@ -49,26 +63,26 @@ def not_answered(taken_at: float, fetched: Fetched, what: str, *, named: bool = 
 IDLE_CONFIRM_S = 0.25
 
 
-def observe_load(client: Client, url: str, deadline: Deadline, options: Options, *,
+async def observe_load(client: Client, url: str, deadline: Deadline, options: Options, *,
                  read: LoadReader, probe: Prober, clock: Callable[[], float] = time.monotonic,
                  first: Observation | None = None) -> Observation:
     """Read the load; probe only when two readings ``IDLE_CONFIRM_S`` apart show nothing in
     flight and no engine work between them (the rule, once). ``first``: the first reading, when
     the caller has taken it already (the exporter's loop)."""
     url = url.rstrip("/")
-    observation = first if first is not None else read(client, url, deadline, options, clock())
+    observation = first if first is not None else await read(client, url, deadline, options, clock())
     if not probe_due(observation, options):
         return observation
     wait = min(IDLE_CONFIRM_S, max(0.0, deadline.left() / 4))
-    time.sleep(wait)
-    again = read(client, url, deadline, options, clock())
+    await asyncio.sleep(wait)  # a timer on the loop: no thread waits
+    again = await read(client, url, deadline, options, clock())
     if not probe_due(again, options):
         return again  # work in flight now (busy), or the load could no longer be read
     moved = moved_between(observation, again)
     if moved:
         return replace(again, detail=f"nothing in flight, and the engine worked in the last {wait:.2f}s "
                                      f"({', '.join(moved)} moved): not probed")
-    return replace(again, probe=probe(client, url, deadline, options))
+    return replace(again, probe=await probe(client, url, deadline, options))
 
 
 def moved_between(before: Observation, after: Observation) -> list[str]:
@@ -86,9 +100,9 @@ def probe_due(observation: Observation, options: Options) -> bool:
             and not reading.asleep and options.probe != PROBE_NONE)
 
 
-def read_metrics(client: Client, url: str, deadline: Deadline, options: Options, taken_at: float) -> Observation:
+async def read_metrics(client: Client, url: str, deadline: Deadline, options: Options, taken_at: float) -> Observation:
     """An engine's /metrics page as a Reading (and its version, if the engine says it cheaply)."""
-    fetched = client.request("GET", url + "/metrics", deadline=deadline, headers=options.auth_headers())
+    fetched = await client.request("GET", url + "/metrics", deadline=deadline, headers=options.auth_headers())
     return metrics_observation(taken_at, fetched, options)
 
 
@@ -113,12 +127,12 @@ def version_due(engine: str, deadline: Deadline) -> bool:
     return spec is not None and spec.version_path is not None and deadline.left() >= 0.05
 
 
-def engine_version(client: Client, url: str, engine: str, deadline: Deadline, options: Options) -> str | None:
+async def engine_version(client: Client, url: str, engine: str, deadline: Deadline, options: Options) -> str | None:
     """The engine's version from its cheap version endpoint (vLLM /version never touches the engine)."""
     if not version_due(engine, deadline):
         return None
     spec = ENGINES_BY_NAME[engine]
-    fetched = client.request("GET", url + spec.version_path, deadline=deadline, max_bytes=4096,
+    fetched = await client.request("GET", url + spec.version_path, deadline=deadline, max_bytes=4096,
                              headers=options.auth_headers())
     if fetched.status != OK:
         return None
@@ -129,20 +143,20 @@ def engine_version(client: Client, url: str, engine: str, deadline: Deadline, op
     return str(version)[:64] if version else None
 
 
-def observe_backend(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+async def observe_backend(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
                     clock: Callable[[], float] = time.monotonic, first: Observation | None = None) -> Observation:
     """An engine: its /metrics, and the idle probe when due. ``first``: its /metrics reading when
     the caller has taken it already (the exporter's loop). Its version is ``engine_version``'s:
     the exporter asks it once per process, not per reading."""
-    return observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock,
+    return await observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock,
                         first=first)
 
 
-def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
+async def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
                   clock: Callable[[], float] = time.monotonic) -> Observation:
     """A proxy is asked only for /v1/models: its /metrics would mix many backends."""
     taken_at = clock()
-    fetched = client.request("GET", url.rstrip("/") + "/v1/models", deadline=deadline, max_bytes=1 << 20,
+    fetched = await client.request("GET", url.rstrip("/") + "/v1/models", deadline=deadline, max_bytes=1 << 20,
                              headers=options.auth_headers())
     failed = not_answered(taken_at, fetched, "/v1/models", named=False)
     if failed is not None:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 
-from .fetch import HTTP_ERROR, OK, TOO_LARGE, Client, Deadline, Fetched
+from .client import Client, Fetched
+from .deadline import Deadline
 from .observation import (
+    HTTP_ERROR,
+    OK,
     PROBE_ANSWERED,
     PROBE_AUTO,
     PROBE_COMPLETION,
     PROBE_EMBEDDING,
     PROBE_FAILED,
     PROBE_REJECTED,
+    TOO_LARGE,
     Options,
     ProbeResult,
 )
@@ -65,10 +69,10 @@ def _result(fetched: Fetched, what: str, kind: str, model: str | None, keyed: bo
     return ProbeResult(outcome, fetched.elapsed, detail, model, kind, fetched.http_status)
 
 
-def first_model(client: Client, base_url: str, deadline: Deadline,
+async def first_model(client: Client, base_url: str, deadline: Deadline,
                 options: Options) -> tuple[str | None, ProbeResult | None]:
     """The first model id in /v1/models, or None and the probe's ending (rejected or failed)."""
-    fetched = client.request("GET", base_url + "/v1/models", deadline=deadline, max_bytes=MAX_ANSWER,
+    fetched = await client.request("GET", base_url + "/v1/models", deadline=deadline, max_bytes=MAX_ANSWER,
                              headers=options.auth_headers())
     if fetched.status != OK:
         return None, _result(fetched, "/v1/models", PROBE_COMPLETION, None, bool(options.api_key))
@@ -83,25 +87,25 @@ def first_model(client: Client, base_url: str, deadline: Deadline,
     return models[0], None
 
 
-def send_probe(client: Client, base_url: str, deadline: Deadline, options: Options = Options()) -> ProbeResult:
+async def send_probe(client: Client, base_url: str, deadline: Deadline, options: Options = Options()) -> ProbeResult:
     """Ask the idle engine for one token (or one embedding) before ``deadline``."""
-    model, ended = first_model(client, base_url, deadline, options)
+    model, ended = await first_model(client, base_url, deadline, options)
     if model is None:
         return ended
     if options.probe == PROBE_EMBEDDING:
-        return _embedding(client, base_url, deadline, options, model)
+        return await _embedding(client, base_url, deadline, options, model)
     body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-    fetched = client.request("POST", base_url + "/v1/completions", deadline=deadline, max_bytes=MAX_ANSWER,
+    fetched = await client.request("POST", base_url + "/v1/completions", deadline=deadline, max_bytes=MAX_ANSWER,
                              json=body, headers=options.auth_headers())
     result = _result(fetched, "1-token completion", PROBE_COMPLETION, model, bool(options.api_key))
     if options.probe == PROBE_AUTO and result.rejected and fetched.http_status in _NO_SUCH_ROUTE:
-        return _embedding(client, base_url, deadline, options, model)  # a pooling model (vLLM: 404)
+        return await _embedding(client, base_url, deadline, options, model)  # a pooling model (vLLM: 404)
     return result
 
 
-def _embedding(client: Client, base_url: str, deadline: Deadline, options: Options, model: str) -> ProbeResult:
+async def _embedding(client: Client, base_url: str, deadline: Deadline, options: Options, model: str) -> ProbeResult:
     body = {"model": model, "input": "ping"}
-    fetched = client.request("POST", base_url + "/v1/embeddings", deadline=deadline, max_bytes=MAX_ANSWER,
+    fetched = await client.request("POST", base_url + "/v1/embeddings", deadline=deadline, max_bytes=MAX_ANSWER,
                              json=body, headers=options.auth_headers())
     return _result(fetched, "1-input embedding", PROBE_EMBEDDING, model, bool(options.api_key))
 

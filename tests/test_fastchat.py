@@ -6,6 +6,7 @@ chat request naming a model that cannot exist — never ``/v1/models``,
 ``/get_worker_address`` or the controller's ``/worker_get_status`` (docs/fleets.md). The real
 deployment is in tests/real_fastchat/.
 """
+import asyncio
 import json
 import subprocess
 import sys
@@ -14,8 +15,9 @@ import pytest
 
 from hangwatch import fastchat
 from hangwatch.check import check
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.engines import ENGINES, ENGINES_BY_NAME
-from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import MODULES
 from tests.exporter.test_probe_endpoint import exporter, probe, samples  # noqa: F401  (fixture)
 from tests.support.pages import Page, PageServer, closed_port
@@ -41,7 +43,7 @@ def server():
 
 
 def observe(module, url, timeout=5.0):
-    return MODULES[module].observe(Client(), url, Deadline.after(timeout), clock=lambda: 0.0)
+    return asyncio.run(MODULES[module].observe(Client(), url, Deadline.after(timeout), clock=lambda: 0.0))
 
 
 def no_sleep(_):

@@ -5,13 +5,15 @@ deadline (the reading ends at that deadline, not at some per-read timeout of its
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import socket
 import time
 
 import pytest
 
-from hangwatch.fetch import Client, Deadline
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.observation import BLIND, TIMEOUT, UNREACHABLE, Options
 from hangwatch.observe import observe_backend
 from hangwatch.verdict import judge
@@ -21,7 +23,7 @@ from tests.support.pages import Page, PageServer
 def observed(url: str, seconds: float):
     client = Client()
     try:
-        return observe_backend(client, url, Deadline.after(seconds), Options(engine="vllm"))
+        return asyncio.run(observe_backend(client, url, Deadline.after(seconds), Options(engine="vllm")))
     finally:
         client.close()
 

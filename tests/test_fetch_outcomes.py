@@ -9,12 +9,14 @@ exporter's ``LoopClient`` on its own loop (``exporter.evloop``) through ``metric
 """
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 
 import pytest
 
-from hangwatch.fetch import Client, Deadline
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.observation import BLIND, REFUSED, TIMEOUT, UNREACHABLE, Options
 from hangwatch.observe import metrics_observation, observe_backend
 from hangwatch.verdict import judge
@@ -74,7 +76,7 @@ def too_large():
 def threaded(url: str):
     client = Client()
     try:
-        return observe_backend(client, url, Deadline.after(DEADLINE), Options(engine="vllm"))
+        return asyncio.run(observe_backend(client, url, Deadline.after(DEADLINE), Options(engine="vllm")))
     finally:
         client.close()
 

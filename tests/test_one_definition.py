@@ -5,6 +5,8 @@ per-target validator, or its own idea of when the engine's version is asked.
 """
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from hangwatch import modules
@@ -60,7 +62,7 @@ class _CountingClient:
     def __init__(self):
         self.asked: list[str] = []
 
-    def request(self, method, url, **kwargs):
+    async def request(self, method, url, **kwargs):
         self.asked.append(url)
         return Fetched(BROKEN, error="not here")
 
@@ -75,6 +77,6 @@ def test_the_loop_hands_off_exactly_when_the_version_would_be_asked(engine, seco
     collector = BackendCollector("http://127.0.0.1:8000", "backend", 5.0)
     asks = collector.version_asks(observation, deadline, None)
     client = _CountingClient()
-    engine_version(client, "http://127.0.0.1:8000", engine, deadline, collector.options)
+    asyncio.run(engine_version(client, "http://127.0.0.1:8000", engine, deadline, collector.options))
     assert asks == bool(client.asked)
     assert not collector.version_asks(observation, deadline, "0.32.0")  # known: never asked again

@@ -10,11 +10,13 @@ flight, never to a target set to ``probe: none``.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
-from hangwatch.fetch import Client, Deadline
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.observation import BLIND, OK, PROBE_ANSWERED, PROBE_NONE, Observation, Options, ProbeResult
 from hangwatch.observe import observe_load
 from hangwatch.reading import Reading
@@ -28,12 +30,12 @@ def scripted(*readings: Reading | Observation):
     calls: list[str] = []
     queue = list(readings)
 
-    def read(client, url, deadline, options, taken_at):
+    async def read(client, url, deadline, options, taken_at):
         calls.append("read")
         item = queue.pop(0)
         return item if isinstance(item, Observation) else Observation(taken_at, OK, reading=item)
 
-    def probe(client, url, deadline, options):
+    async def probe(client, url, deadline, options):
         calls.append("probe")
         return ProbeResult(PROBE_ANSWERED, 0.01, "answered")
 
@@ -42,7 +44,8 @@ def scripted(*readings: Reading | Observation):
 
 def observe(*readings, options: Options = Options()):
     read, probe, calls = scripted(*readings)
-    observation = observe_load(Client(), "http://127.0.0.1:9", Deadline.after(2), options, read=read, probe=probe)
+    observation = asyncio.run(observe_load(Client(), "http://127.0.0.1:9", Deadline.after(2), options, read=read,
+                                           probe=probe))
     return observation, calls
 
 
@@ -113,8 +116,8 @@ def test_the_second_reading_comes_the_confirmation_interval_after_the_first():
     times: list[float] = []
     read, probe, calls = scripted(IDLE, IDLE)
 
-    def timed(*args):
+    async def timed(*args):
         times.append(time.monotonic())
-        return read(*args)
-    observe_load(Client(), "http://127.0.0.1:9", Deadline.after(2), Options(), read=timed, probe=probe)
+        return await read(*args)
+    asyncio.run(observe_load(Client(), "http://127.0.0.1:9", Deadline.after(2), Options(), read=timed, probe=probe))
     assert len(times) == 2 and times[1] - times[0] >= IDLE_CONFIRM_S * 0.9

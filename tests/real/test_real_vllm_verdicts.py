@@ -8,6 +8,7 @@ not move while hangwatch checks a server whose long generations are still stream
 The one restart of the package (a restart costs a full start-up) is the last test here; any
 test after it gets the restarted server, proven healthy by the ``vllm`` fixture.
 """
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import time
 
 import pytest
 
-from hangwatch.fetch import Client, Deadline
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.observe import observe_backend
 from hangwatch.verdict import judge
 from harness.vllm_server import LONG_PROMPT_TOKENS, Page
@@ -133,9 +135,9 @@ def test_restart_is_restarted_and_counters_are_not_compared(real_vllm):
     real_vllm.thaw()
     real_vllm.wait_idle(60)
     client = Client()
-    before = observe_backend(client, real_vllm.url, Deadline.after(5))
+    before = asyncio.run(observe_backend(client, real_vllm.url, Deadline.after(5)))
     real_vllm.restart()
-    after = observe_backend(client, real_vllm.url, Deadline.after(5))
+    after = asyncio.run(observe_backend(client, real_vllm.url, Deadline.after(5)))
     assert after.reading.process_start > before.reading.process_start
     verdict = judge([before, after])
     assert (verdict.state, verdict.exit_code) == ("restarted", 0), verdict.reason

@@ -5,6 +5,7 @@ controller and API server checks — a day's worth of them — leave dispatch an
 as they were, shown by the controller's own log (it logs every registration, heartbeat and
 dispatch) and the workers' access logs.
 """
+import asyncio
 import re
 import socket
 import threading
@@ -15,8 +16,9 @@ import requests
 
 from hangwatch import fastchat
 from hangwatch.check import check
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.demo.wait import wait_until
-from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import observe
 from hangwatch.verdict import judge
 from tests.real_fastchat.fleet import HEARTBEAT_INTERVAL, MODEL_NAME, generate_stream
@@ -75,7 +77,7 @@ def observe_every(url, module, until, interval=INTERVAL, timeout=TIMEOUT, limit=
     """Observe ``url`` every ``interval`` seconds; return the observations once ``until(verdict)``."""
     observations, client = [], Client()
     for _ in range(limit):
-        observations.append(observe(module, client, url, Deadline.after(timeout)))
+        observations.append(asyncio.run(observe(module, client, url, Deadline.after(timeout))))
         verdict = judge(observations)
         if until(verdict):
             return observations, verdict
@@ -90,7 +92,7 @@ def test_busy_worker_is_busy_unverified_and_never_probed(fleet):
     wait_until(lambda: fleet.queue_length(worker) >= 1, 30, "the worker has the generation queued")
     observations, client = [], Client()
     for _ in range(4):  # more readings, further apart, than "hung" would ever need
-        observations.append(observe("fastchat_worker", client, worker.url, Deadline.after(TIMEOUT)))
+        observations.append(asyncio.run(observe("fastchat_worker", client, worker.url, Deadline.after(TIMEOUT))))
         verdict = judge(observations)
         assert verdict.state == "busy" and "unverified" in verdict.reason, verdict.reason
         time.sleep(INTERVAL)
@@ -150,8 +152,8 @@ def test_controller_and_api_checks_leave_dispatch_and_registration_unchanged(fle
     api_offset = fleet.api.log_size()
     started, checks = time.monotonic(), 0
     while checks < 300 or time.monotonic() - started < 2 * HEARTBEAT_INTERVAL + 1:
-        c = fastchat.observe_controller(client, fleet.controller.url, Deadline.after(5))
-        a = fastchat.observe_api(client, fleet.api.url, Deadline.after(5))
+        c = asyncio.run(fastchat.observe_controller(client, fleet.controller.url, Deadline.after(5)))
+        a = asyncio.run(fastchat.observe_api(client, fleet.api.url, Deadline.after(5)))
         assert c.status == a.status == "ok", (c.error, a.error)
         assert c.listed_models == a.listed_models == (MODEL_NAME,)
         checks += 1

@@ -13,13 +13,15 @@ never answers; ``blind`` a /metrics that answers 404.
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import functools
 import json
 from dataclasses import dataclass, replace
 
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.engines import ENGINES_BY_NAME
-from hangwatch.fetch import Client, Deadline
 from hangwatch.modules import module as module_named
 from hangwatch.observation import Observation, Options
 from harness.ports import closed_port
@@ -154,7 +156,7 @@ def _observe_scenario(scenario: Scenario) -> tuple[Served, ...]:
             before = sum(1 for request in server.requests if request in PROBE_ROUTES)
             url = refused if step.status == "refused" else server.url
             deadline = Deadline.after(SILENT_DEADLINE if step.status == "timeout" else READING_DEADLINE)
-            observation = observe(client, url, deadline, options, clock=lambda: step.time)
+            observation = asyncio.run(observe(client, url, deadline, options, clock=lambda: step.time))
             observation = replace(observation, taken_at=step.time)
             received = sum(1 for request in server.requests if request in PROBE_ROUTES) - before
             out.append(Served(observation, received, declared))
