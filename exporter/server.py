@@ -6,8 +6,9 @@ outside the allowlist 403, a failing target still 200 with ``hangwatch_up 0``. `
 sends requests wherever it is told, so it is no open relay: every query goes through
 ``query.asked``, a query may narrow what the config allows, never widen it, an API key goes
 only to the URLs the config lists, and listening beyond loopback needs ``allow_targets`` or
-``allow_any_target: true`` (exit 64 at start-up otherwise). One event loop serves every
-connection (``httpserver.BoundedHTTPServer``) with at most ``max_concurrent_probes`` at once.
+``allow_any_target: true`` (exit 64 at start-up otherwise). One event loop (uvloop where it
+installs; ``HANGWATCH_LOOP=asyncio|uvloop`` chooses) serves every connection and awaits every
+probe and check (``httpserver.BoundedHTTPServer``), at most ``max_concurrent_probes`` at once.
 """
 from __future__ import annotations
 
@@ -122,19 +123,12 @@ def serve_until_signalled(server: BoundedHTTPServer, announce: Callable[[], None
     if signalled:
         log.info("stopping (signal)")
     server.shutdown()
-    abandoned = server.stats.work_running
+    abandoned = server.abandoned  # cancelled when the loop stopped
     server.server_close()
     if failed:
         log.error("the server loop ended on its own; exiting 1")
         return 1
     log.info("exporter stopped%s", f"; abandoned {abandoned} probe(s) in progress" if abandoned else "")
-    if abandoned and in_main:
-        # The probe threads are the executor's, which the interpreter joins at exit: up to a scrape
-        # budget for a stalled backend. Nothing they hold needs closing (sockets die with us).
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
     return 0
 
 
