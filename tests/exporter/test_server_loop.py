@@ -106,3 +106,47 @@ def test_livez_and_readyz_start_no_thread(exporters, idle_backend, monkeypatch):
         answer = requests.get(f"{url}/{endpoint}", params={"target": idle_backend.url}, timeout=20)
         assert answer.status_code == 200, answer.text
     assert started.ours() == []
+
+
+def test_an_error_in_an_awaited_probe_is_a_500_and_its_slot_comes_back(exporters, idle_backend, monkeypatch):
+    """Whatever goes wrong after the backend was read, the scrape gets an answer and its slot back."""
+    from hangwatch.exporter import prober
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(prober, "render_series", broken)
+    _, url = exporters(ExporterConfig(max_concurrent_probes=1))
+    for _ in range(2):  # the one slot came back: the second is answered too
+        assert requests.get(f"{url}/probe", params={"target": idle_backend.url}, timeout=10).status_code == 500
+
+
+def test_a_client_that_resets_mid_probe_gives_its_slot_back_at_once(exporters, monkeypatch):
+    """The probe's task is cancelled with its connection: a stalled backend holds no slot for a
+    scrape nobody can read any more (a thread could only be abandoned, holding it). (A half-close
+    is not a reset: that client still gets its answer.)"""
+    import socket
+    import struct
+    import time
+
+    stalled, healthy = PageServer(), PageServer()
+    stalled.pages["/metrics"] = Page(silent=True)
+    healthy.pages["/metrics"] = Page(IDLE_PAGE.encode())
+    healthy.pages["/v1/completions"] = Page(b'{"choices":[]}')
+    try:
+        server, url = exporters(ExporterConfig(max_concurrent_probes=1, timeout=30))
+        port = server.server_address[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            sock.sendall(f"GET /probe?target={stalled.url} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            deadline = time.monotonic() + 10
+            while server.stats.work_running < 1:
+                assert time.monotonic() < deadline, "the probe never started"
+                time.sleep(0.02)
+        while server.stats.work_running:
+            assert time.monotonic() < deadline, "the slot stayed taken"
+            time.sleep(0.02)
+        answer = requests.get(f"{url}/probe", params={"target": healthy.url}, timeout=10)
+        assert answer.status_code == 200 and "hangwatch_up 1.0" in answer.text
+    finally:
+        stalled.stop()
+        healthy.stop()
