@@ -129,6 +129,14 @@ def serve_until_signalled(server: BoundedHTTPServer, announce: Callable[[], None
         log.error("the server loop ended on its own; exiting 1")
         return 1
     log.info("exporter stopped%s", f"; abandoned {abandoned} probe(s) in progress" if abandoned else "")
+    if abandoned and in_main:
+        # Work cut off may have left a thread behind (a /forensics capture on BLOCKING, a name
+        # being resolved), which the interpreter would join at exit: up to a deadline. Nothing
+        # it holds needs closing (sockets die with us).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
