@@ -29,11 +29,17 @@ ALLOWED_METHODS = ("GET", "HEAD")
 LOOPS = ("asyncio", "uvloop")
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop where it installs, else asyncio's own; ``HANGWATCH_LOOP=asyncio|uvloop`` chooses."""
+def loop_choice() -> str:
+    """``HANGWATCH_LOOP`` (empty: not chosen); ValueError when it names no loop we know."""
     choice = os.environ.get("HANGWATCH_LOOP", "").strip().lower()
     if choice and choice not in LOOPS:
         raise ValueError(f"HANGWATCH_LOOP={choice!r}: expected one of {', '.join(LOOPS)}")
+    return choice
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where it installs, else asyncio's own; ``HANGWATCH_LOOP=asyncio|uvloop`` chooses."""
+    choice = loop_choice()
     if choice != "asyncio":
         try:
             import uvloop

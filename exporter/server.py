@@ -27,7 +27,7 @@ from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 from . import selfmetrics
 from .config import ExporterConfig, load_exporter_config
 from .fds import raise_fd_limit
-from .httpserver import BoundedHTTPServer
+from .httpserver import BoundedHTTPServer, new_event_loop
 from .prober import Prober
 from .routes import routes
 
@@ -61,11 +61,20 @@ def check_exposure(listen: str, config: ExporterConfig) -> None:
             "anyone who reaches it sends; list the backends in allow_targets, or set allow_any_target: true")
 
 
+def check_loop() -> None:
+    """The loop ``HANGWATCH_LOOP`` names must exist here (uvloop may not be installed)."""
+    try:
+        new_event_loop().close()
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"{exc}" if isinstance(exc, ValueError) else f"HANGWATCH_LOOP=uvloop: {exc}") from None
+
+
 def main(args) -> int:
     try:
         logs.setup(logs.resolve_level(getattr(args, "log_level", None)), getattr(args, "log_format", "text"))
         config = load_exporter_config(args.config)
         check_exposure(args.listen, config)
+        check_loop()
         raise_fd_limit(config)
         server = make_server(args.listen, config)
     except ConfigError as exc:

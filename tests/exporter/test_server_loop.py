@@ -150,3 +150,12 @@ def test_a_client_that_resets_mid_probe_gives_its_slot_back_at_once(exporters, m
     finally:
         stalled.stop()
         healthy.stop()
+
+
+def test_an_unknown_loop_stops_the_exporter_before_it_listens(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from hangwatch.exporter.server import main
+    monkeypatch.setenv("HANGWATCH_LOOP", "evloop")
+    code = main(SimpleNamespace(config=None, listen="127.0.0.1:0", log_level=None, log_format="text"))
+    assert code == 64 and "HANGWATCH_LOOP='evloop'" in capsys.readouterr().err
