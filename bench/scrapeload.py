@@ -107,7 +107,7 @@ class Scraper:
         if status != "200":
             result.fail(f"HTTP {status}")
         elif self.expect not in body:
-            result.fail("answer without hangwatch_up 1")
+            result.fail(f"answer without {self.expect.decode()}")
         else:
             result.latencies.append(time.monotonic() - started)
 
