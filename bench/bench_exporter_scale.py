@@ -57,9 +57,10 @@ def probe_paths(urls: list[str], subject: str, fleet: str = "busy") -> list[str]
 def expected(subject: str, fleet: str = "busy") -> bytes:
     """A success: blackbox's probe succeeded; hangwatch read the backend (busy) and its idle
     probe answered (idle: the probe was sent and reached the fleet)."""
+    # a sample's line, never its HELP line ("# HELP hangwatch_up 1 if the backend answered ...")
     if subject == BLACKBOX:
-        return b"probe_success 1"
-    return b"hangwatch_probe_success 1" if fleet == "idle" else b"hangwatch_up 1"
+        return b"\nprobe_success 1"
+    return b"\nhangwatch_probe_success 1" if fleet == "idle" else b"\nhangwatch_up 1"
 
 
 class Watch:

@@ -177,7 +177,7 @@ class Backend(asyncio.Protocol):
                 continue
             self.stats["requests"] += 1
             key = f"{method.decode('latin-1')} {path.decode('latin-1')}"
-            paths = self.stats["paths"]
+            paths = self.stats.setdefault("paths", {})
             paths[key] = paths.get(key, 0) + 1
             if gzipped and path == b"/metrics":
                 self.stats["gzipped"] += 1
