@@ -31,7 +31,7 @@ def show(row: dict) -> str:
 
 
 HEADER = (f"{'flt':4} {'subject':9} {'shape':6} {'backs':>6} {'scrapes':>7} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'max ms':>8} {'failed':>6}  {'CPU/scrape':>9} {'core':>6} {'sys':>4} {'fleet':>6} {'req/s':>5} "
+          f"{'max ms':>8} {'failed':>6}  {'CPU/scrape':>9} {'core':>6} {'sys':>4} {'fleet':>6} {'req':>5} "
           f"{'RSS':>6} {'maxRSS':>6} {'thrds':>5} {'fds':>5}  [load 1/5/15 min]")
 
 
