@@ -60,7 +60,7 @@ def median_rows(rows: list[dict]) -> list[dict]:
             "p99_ms": statistics.median(r["p99_ms"] for r in group),
             "failed": sum(r["failed"] for r in group), "scrapes": sum(r["scrapes"] for r in group),
             "failed_runs": sum(1 for r in group if r["failed"]),
-            "max_rss_mb": max(r["max_rss_mb"] for r in group),
+            "max_rss_mb": max(max(r["max_rss_mb"], r.get("peak_rss_mb", 0.0)) for r in group),  # VmHWM too
             "max_threads": max(r["max_threads"] for r in group), "max_fds": max(r["max_fds"] for r in group),
             "fleet_cpu_ms_per_scrape": statistics.median(r["fleet_cpu_ms_per_scrape"] for r in group),
             "fleet_requests_per_scrape": statistics.median(r.get("fleet_requests_per_scrape", float("nan"))
