@@ -89,7 +89,9 @@ class Answer:
         self.chunked = False             # said by the head (Transfer-Encoding: chunked)
         self._lines = True               # the parser is reading lines
         self._line = 0                   # bytes of the current line so far
-        self._line_start = b""           # its first bytes (a status line's or a chunk size's words)
+        self._head_line = bytearray()    # the current line (a head's, or a chunk size's first 64 bytes)
+        self._bad_status = False         # the status line is no HTTP one (read to its end, then raised)
+        self._chunk_size = 0
         self._head_lines = 0
         self._data_left = 0              # a chunk's data bytes not yet fed (known from its size line)
         self._chunk_header = self._trailer = False
@@ -142,36 +144,46 @@ class Answer:
                 pos = stop
 
     def _parse(self, piece) -> None:
+        if self._bad_status:
+            return  # the status line is read to its end: http.client's error quotes all of it
         try:
             self.parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
             raise BadAnswer("an upgrade is no answer") from None
         except httptools.HttpParserError as exc:
-            if self.status is None and self._head_lines == 0:  # as http.client's BadStatusLine: the line
-                raise BadAnswer((self._line_start + bytes(piece[:64])).decode("iso-8859-1").strip()
-                                or str(exc)) from None
+            if self.status is None and self._head_lines == 0:
+                self._bad_status = True
+                return
+            if self.status is not None:  # only a chunked body can be unreadable: as http.client says it
+                raise BadAnswer(self._incomplete()) from None
             raise BadAnswer(str(exc) or type(exc).__name__) from None
+
+    def _incomplete(self) -> str:
+        """http.client's words for a chunked body cut short: the whole chunks of its last read."""
+        whole = len(self.body) - (self._chunk_size - self._data_left if self._data_left else 0)
+        return f"IncompleteRead({whole % 65536} bytes read)"
 
     def _count_line(self, piece, body_bytes: int, ended: bool) -> None:
         size = len(piece) - body_bytes
-        if self._line == 0 and size:
-            self._line_start = bytes(piece[:64])
         self._line += size
+        if self.status is None or self._line <= 64:
+            self._head_line += piece[len(piece) - size:] if size else b""
         if self._line > MAX_LINE:
             raise BadAnswer(f"got more than {MAX_LINE} bytes when reading {self._line_kind()}")
         if not ended:
             return
+        line, length, self._line, self._head_line = bytes(self._head_line), self._line, 0, bytearray()
+        if self._bad_status:
+            raise BadAnswer(line.decode("iso-8859-1"))
         if self.status is None:
             self._head_lines += 1
             if self._head_lines > MAX_HEADER_LINES:
                 raise BadAnswer(f"got more than {MAX_HEADER_LINES} headers")
-            if self._line == len(piece):
-                self._header(bytes(piece))
-        elif self._chunk_header and self._line <= 64:  # its data goes to the parser whole
-            words = self._line_start.split(b";", 1)[0].strip()
-            self._data_left = int(words, 16) if words else 0
+            self._header(line)
+        elif self._chunk_header and length <= 64:  # its data goes to the parser whole
+            words = line.split(b";", 1)[0].strip()
+            self._data_left = self._chunk_size = int(words, 16) if words else 0
             self._trailer = self._data_left == 0
-        self._line = 0
 
     def _header(self, line: bytes) -> None:
         name, colon, value = line.partition(b":")
@@ -191,8 +203,10 @@ class Answer:
     def eof(self) -> None:
         """The server closed: an answer read to its close is whole; one cut short is read as
         ``http.client`` reads it (a short Content-Length body is what came; a chunked one is broken)."""
+        if self._bad_status:
+            raise BadAnswer(bytes(self._head_line).decode("iso-8859-1"))
         if self.complete or self.status is None:
             return
         if self.chunked and not self._trailer:
-            raise BadAnswer(f"IncompleteRead({len(self.body)} bytes read)")
+            raise BadAnswer(self._incomplete())
         self.complete, self.keep_alive = True, False

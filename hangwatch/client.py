@@ -154,7 +154,7 @@ class Client:
                     continue  # the server closed an idle keep-alive connection: once more, fresh
                 return ended("closed", started, why=short_error(exc))
             except (ConnectionResetError, BrokenPipeError) as exc:
-                if state.phase != "body":
+                if state.answer is None or state.answer.status is None:
                     if state.reused and attempt == 0:
                         continue
                     return ended("closed", started, why=short_error(exc))
@@ -190,8 +190,6 @@ class Client:
                     raise _Closed("Remote end closed connection without response")
                 break
             answer.feed(received)
-            if answer.status is not None:
-                state.phase = "body"
         status, body = answer.status, bytes(answer.body)
         if answer.over:
             if status < 300:
@@ -287,12 +285,12 @@ def _timed_out(state: _Request, started: float, words: dict) -> Fetched:
         return ended("unreachable", started, why=f"resolving {shown_host(words['host'])} did not finish within the budget")
     if state.phase == "connecting":
         return ended("connect_timeout", started, **words)
-    if state.phase == "body":
+    if state.answer is not None and state.answer.status is not None:
         return ended("slow_answer", started, http_status=state.answer.status, **words)
     return ended("silent", started, **words)
 
 
 def _failed(state: _Request, started: float, exc: BaseException) -> Fetched:
-    if state.phase == "body":
+    if state.answer is not None and state.answer.status is not None:
         return ended("broken_off", started, http_status=state.answer.status, why=short_error(exc))
     return ended("unreachable", started, why=short_error(exc))
