@@ -4,8 +4,8 @@ How a request fails is itself the reading (``hangwatch.client``): refused is dow
 loading weights), accepted-but-silent is the wedge that turns hung when it repeats, a page too
 large or broken off is blind. Each ending is produced by a real server (or a real absence of one),
 on stock asyncio and on uvloop; the raw answers are sent whole and dripped a few bytes at a time.
-The expected values are what ``http.client`` made of each answer (a 103 Early Hints, which it
-returned as the answer, is skipped for the final one).
+The expected values are what ``http.client`` made of each answer, but for a 103 Early Hints (it
+returned the 103 as the answer; the final one is read now) and the four marked as changed.
 """
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ import pytest
 
 from hangwatch.client import Client
 from hangwatch.deadline import Deadline
-from hangwatch.observation import (BLIND, BROKEN, HTTP_ERROR, OK, REFUSED, TIMEOUT, TOO_LARGE, UNREACHABLE,
-                                   Options)
+from hangwatch.observation import BLIND, BROKEN, HTTP_ERROR, OK, REFUSED, TIMEOUT, TOO_LARGE, UNREACHABLE, Options
 from hangwatch.observe import observe_backend
 from hangwatch.verdict import judge
 from harness.ports import closed_port
@@ -58,6 +57,12 @@ READ_AS = {
     "spaces-after-size": (OK, 200, b"hello", "", "text/plain"),
     "headers-only-then-close": (OK, 200, b"", "", ""),
     "nothing": (BROKEN, None, b"", CLOSED, ""),
+    # changed: http.client read these as OK 200 (the bad line ignored, the first length, "hello", an
+    # empty page); llhttp will not frame an answer whose framing is in doubt, so they are no reading
+    "header-without-colon": (UNREACHABLE, None, b"", "connection failed: Invalid header token", ""),
+    "negative-length": (UNREACHABLE, None, b"", "connection failed: Invalid character in Content-Length", ""),
+    "two-lengths": (UNREACHABLE, None, b"", "connection failed: Duplicate Content-Length", ""),
+    "head-cut-by-close": (BROKEN, None, b"", CLOSED, ""),
 }
 
 
