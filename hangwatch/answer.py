@@ -90,7 +90,7 @@ class Answer:
         self._lines = True               # the parser is reading lines
         self._line = 0                   # bytes of the current line so far
         self._head_line = bytearray()    # the current line (a head's, or a chunk size's first 64 bytes)
-        self._bad_status = False         # the status line is no HTTP one (read to its end, then raised)
+        self._bad_line = ""              # why the current line cannot be read (raised at its end)
         self._chunk_size = 0
         self._head_lines = 0
         self._data_left = 0              # a chunk's data bytes not yet fed (known from its size line)
@@ -144,19 +144,21 @@ class Answer:
                 pos = stop
 
     def _parse(self, piece) -> None:
-        if self._bad_status:
-            return  # the status line is read to its end: http.client's error quotes all of it
+        if self._bad_line:
+            return  # the unreadable line is read to its end first, as http.client reads lines
         try:
             self.parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
             raise BadAnswer("an upgrade is no answer") from None
         except httptools.HttpParserError as exc:
-            if self.status is None and self._head_lines == 0:
-                self._bad_status = True
-                return
-            if self.status is not None:  # only a chunked body can be unreadable: as http.client says it
-                raise BadAnswer(self._incomplete()) from None
-            raise BadAnswer(str(exc) or type(exc).__name__) from None
+            if self.status is not None:  # only a chunked body can be unreadable: as http.client words it
+                self._bad_line = self._incomplete()
+            elif self._head_lines == 0:
+                self._bad_line = "status"  # http.client's BadStatusLine quotes the line
+            else:
+                self._bad_line = str(exc) or type(exc).__name__
+            if not self._lines:
+                raise BadAnswer(self._bad_line) from None
 
     def _incomplete(self) -> str:
         """http.client's words for a chunked body cut short: the whole chunks of its last read."""
@@ -173,8 +175,8 @@ class Answer:
         if not ended:
             return
         line, length, self._line, self._head_line = bytes(self._head_line), self._line, 0, bytearray()
-        if self._bad_status:
-            raise BadAnswer(line.decode("iso-8859-1"))
+        if self._bad_line:
+            raise BadAnswer(line.decode("iso-8859-1") if self._bad_line == "status" else self._bad_line)
         if self.status is None:
             self._head_lines += 1
             if self._head_lines > MAX_HEADER_LINES:
@@ -203,8 +205,9 @@ class Answer:
     def eof(self) -> None:
         """The server closed: an answer read to its close is whole; one cut short is read as
         ``http.client`` reads it (a short Content-Length body is what came; a chunked one is broken)."""
-        if self._bad_status:
-            raise BadAnswer(bytes(self._head_line).decode("iso-8859-1"))
+        if self._bad_line:
+            raise BadAnswer(bytes(self._head_line).decode("iso-8859-1") if self._bad_line == "status"
+                            else self._bad_line)
         if self.complete or self.status is None:
             return
         if self.chunked and not self._trailer:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -177,3 +179,29 @@ def test_one_client_keeps_one_connection_across_loops(run):  # noqa: F811
         client.close()
         server.stop()
     assert len(client.idle) == 0
+
+
+STUCK_LOOKUP = """
+import socket, threading, time
+real = socket.getaddrinfo
+def getaddrinfo(host, *args, **kwargs):
+    if host == "stuck.test":
+        threading.Event().wait()  # a resolver that never answers
+    return real(host, *args, **kwargs)
+socket.getaddrinfo = getaddrinfo
+from hangwatch.check import check
+started = time.monotonic()
+result = check("http://stuck.test:8000", interval=0.1, timeout=0.5)
+print(result.verdict.state, round(time.monotonic() - started, 2), flush=True)
+"""
+
+
+def test_a_lookup_that_never_returns_does_not_hold_the_process_at_exit():
+    """``check`` (the CLI's and the webhook's face) gives up on the lookup at its deadline and its
+    loop's close leaves the lookup's thread behind: the process ends with its answer."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", STUCK_LOOKUP], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    verdict, seconds = done.stdout.split()
+    assert done.returncode == 0 and verdict == "down", done.stderr
+    assert float(seconds) < 0.5 * 3 + 2 and took < float(seconds) + 10, (seconds, took)
