@@ -29,7 +29,7 @@ __all__ = ["ENDINGS", "MAX_ERROR_BODY", "MAX_PAGE_BYTES", "USER_AGENT", "Client"
 
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux
 _CONTROL = re.compile("[\x00-\x20\x7f]")            # what http.client refuses in a request's path
-RECV = 262144
+RECV = 65536  # one read per page of a usual size; below malloc's mmap threshold (a fresh mmap per read is page faults)
 
 
 class _Closed(ConnectionResetError):
