@@ -79,8 +79,11 @@ def measure(kind: str, url: str, n: int, keep: bool) -> float:
         used = asyncio.run(loop_client(url, n, keep))
     else:
         import uvloop
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            used = runner.run(loop_client(url, n, keep))
+        loop = uvloop.new_event_loop()
+        try:
+            used = loop.run_until_complete(loop_client(url, n, keep))
+        finally:
+            loop.close()
     return used / n * 1e6
 
 

@@ -110,10 +110,17 @@ class _Wire:
 class _Request:
     """One request's state: which phase it is in says what its ending means."""
 
-    __slots__ = ("phase", "wire", "reused", "answer")
+    __slots__ = ("phase", "wire", "reused", "answer", "expired")
 
     def __init__(self):
-        self.phase, self.wire, self.reused, self.answer = "resolving", None, False, None
+        self.phase, self.wire, self.reused, self.answer, self.expired = "resolving", None, False, None, False
+
+
+def _expire(state: _Request, task: asyncio.Task) -> None:
+    """The deadline's one timer: the request's task is cancelled wherever it waits (Python 3.10
+    has no ``asyncio.timeout``; this is what it does)."""
+    state.expired = True
+    task.cancel()
 
 
 class Client:
@@ -144,10 +151,13 @@ class Client:
             if budget <= 0 or deadline.expired:
                 return ended("no_time", started, **words)
             state = _Request()
+            task = asyncio.current_task()
+            timer = asyncio.get_running_loop().call_later(deadline.left(), _expire, state, task)
             try:
-                async with asyncio.timeout(deadline.left()):
-                    fetched = await self._exchange(state, (scheme, host, port), data, method, max_bytes, started)
-            except TimeoutError:
+                fetched = await self._exchange(state, (scheme, host, port), data, method, max_bytes, started)
+            except asyncio.CancelledError:
+                if not state.expired or (hasattr(task, "uncancel") and task.uncancel() > 0):
+                    raise  # cancelled by the caller (too): theirs to handle
                 return _timed_out(state, started, words)
             except _Closed as exc:  # before a byte of an answer
                 if state.reused and attempt == 0:
@@ -164,6 +174,7 @@ class Client:
             except (OSError, BadAnswer, ssl.SSLError, UnicodeError, ValueError) as exc:
                 return _failed(state, started, exc)
             finally:
+                timer.cancel()
                 if state.wire is not None:
                     state.wire.close()
             return fetched

@@ -14,6 +14,10 @@ LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 def run(request):
     """``run(coroutine)``: its result, on a fresh loop of the parametrized kind."""
     def run(coroutine):
-        with asyncio.Runner(loop_factory=LOOPS[request.param]) as runner:
-            return runner.run(coroutine)
+        loop = LOOPS[request.param]()
+        try:
+            return loop.run_until_complete(coroutine)
+        finally:
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
     return run
