@@ -12,8 +12,10 @@ a target's API key only ever goes to that target.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import json as jsonlib
+import os
 import re
 import socket
 import ssl
@@ -231,7 +233,7 @@ async def _connect(loop, state: _Request, scheme: str, host: str, port: int) -> 
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await loop.sock_connect(sock, address)
+            await _connected(loop, sock, address)
         except OSError as exc:
             sock.close()
             error = exc
@@ -245,6 +247,26 @@ async def _connect(loop, state: _Request, scheme: str, host: str, port: int) -> 
             await wire.start_tls(loop, host)  # (a handshake that runs out of time: a connect that did)
         return wire
     raise error or OSError(f"no address for {shown_host(host)}")
+
+
+async def _connected(loop, sock: socket.socket, address) -> None:
+    """``sock`` connected to ``address``. A second ``connect`` asks whether the handshake is done
+    already (on loopback it is), so the loop is waited on only for a connect still being made."""
+    code = sock.connect_ex(address)
+    if code in (errno.EINPROGRESS, errno.EAGAIN):
+        code = sock.connect_ex(address)
+        if code == errno.EISCONN:
+            code = 0
+        elif code in (errno.EALREADY, errno.EINPROGRESS):
+            writable = loop.create_future()
+            loop.add_writer(sock.fileno(), writable.set_result, None)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(sock.fileno())
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if code:
+        raise OSError(code, os.strerror(code))  # (ECONNREFUSED: a ConnectionRefusedError)
 
 
 async def _resolve(loop, host: str, port: int) -> list:

@@ -320,3 +320,46 @@ def test_hangwatch_check_says_why_an_invalid_host_name_is_down():
     assert "Traceback" not in done.stderr, done.stderr
     result = json.loads(done.stdout)
     assert result["verdict"] == "down" and "not a valid host name" in json.dumps(result), result
+
+
+class TLSPageServer(SocketServer):
+    """Answers ``hello`` over TLS, keep-alive: a backend behind HTTPS."""
+
+    def __init__(self, context: ssl.SSLContext):
+        self.context = context
+        self.connections = 0
+        super().__init__(backlog=16)
+        self.url = self.url.replace("http://", "https://")
+
+    def _serve(self, conn):
+        conn.settimeout(5)
+        self.connections += 1
+        try:
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                while self.read_head(tls) is not None:
+                    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello")
+        except (OSError, ssl.SSLError):
+            pass
+
+
+def test_an_https_backend_is_read_and_its_connection_kept(tmp_path, monkeypatch, run):  # noqa: F811
+    """The handshake and every read on the loop (an ``SSLObject`` over the socket), the server's
+    certificate checked against the trusted CAs, and the connection reused like a plain one."""
+    from tests.webhook.certs import make_certs
+    certs = make_certs(tmp_path / "certs")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs.server_cert, certs.server_key)
+    server = TLSPageServer(context)
+    trusting = ssl.create_default_context(cafile=str(certs.ca))
+    monkeypatch.setattr("hangwatch.client.tls_context", lambda: trusting)
+    client = Client()
+
+    async def three():
+        return [await client.request("GET", server.url + "/metrics", deadline=Deadline.after(5)) for _ in range(3)]
+    try:
+        results = run(three())
+    finally:
+        client.close()
+        server.stop()
+    assert [(r.status, r.body, r.content_type) for r in results] == [(OK, b"hello", "text/plain")] * 3, results
+    assert server.connections == 1
