@@ -9,7 +9,6 @@ import threading
 import pytest
 import requests
 
-import hangwatch.client
 from hangwatch.exporter.config import ExporterConfig
 from hangwatch.exporter.httpserver import BoundedHTTPServer, Response, Route, new_event_loop
 from tests.support.pages import Page, PageServer
@@ -18,11 +17,6 @@ from tests.test_check_bad_input import IDLE_PAGE
 uvloop = pytest.importorskip("uvloop")
 
 LOOPS = {"asyncio": asyncio.BaseEventLoop, "uvloop": uvloop.Loop}
-# TEMPORARY (issue 34): until the real hangwatch.client lands, the client is an adapter that
-# runs the thread client through asyncio.to_thread: every request is a thread, and this must show it.
-THREAD_ADAPTER = hasattr(hangwatch.client, "_ThreadClient")
-no_thread_yet = pytest.mark.xfail(THREAD_ADAPTER, strict=True,
-                                  reason="hangwatch.client is still the thread adapter (asyncio.to_thread)")
 
 
 @pytest.mark.parametrize("choice", list(LOOPS))
@@ -83,7 +77,6 @@ class ThreadsStarted:
         return [name for name in self.names if "process_request_thread" not in name]
 
 
-@no_thread_yet
 @pytest.mark.parametrize("choice", list(LOOPS))
 def test_a_scrape_of_an_idle_backend_starts_no_thread(exporters, idle_backend, monkeypatch, choice):
     monkeypatch.setenv("HANGWATCH_LOOP", choice)
@@ -97,7 +90,6 @@ def test_a_scrape_of_an_idle_backend_starts_no_thread(exporters, idle_backend, m
     assert started.ours() == []
 
 
-@no_thread_yet
 def test_livez_and_readyz_start_no_thread(exporters, idle_backend, monkeypatch):
     _, url = exporters(ExporterConfig(liveness_interval=0.3, liveness_timeout=0.3, liveness_budget=1.5))
     requests.get(f"{url}/metrics", timeout=10)
