@@ -83,7 +83,8 @@ class Answer:
                                              lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True)
         self.status: int | None = None   # the final answer's, once its head is read
         self.content_type = ""
-        self.body = bytearray()
+        self.parts: list[bytes] = []    # the body as it came (joined once, by ``body``: one piece is not copied)
+        self.size = 0                    # the body's bytes so far
         self.limit = max_bytes
         self.complete = self.keep_alive = self.over = self.received = False
         self.chunked = False             # said by the head (Transfer-Encoding: chunked)
@@ -110,8 +111,21 @@ class Answer:
             self.complete, self.keep_alive = True, False
 
     def on_body(self, data: bytes) -> None:
-        self.body += data
-        self.over = len(self.body) > self.limit
+        # Kept as it came: a page that arrives whole is never copied again (growing a bytearray
+        # copies it, and a fresh block of its size is often fresh pages from the kernel).
+        self.parts.append(data)
+        self.size += len(data)
+        self.over = self.size > self.limit
+
+    def release(self) -> None:
+        """Drop the parser, once the answer is read: it refers back to this answer (its
+        callbacks), a cycle that only the garbage collector would free, page and all — later,
+        and in a fresh block of memory for every page meanwhile."""
+        self.parser = None
+
+    def body(self) -> bytes:
+        """The body read so far, in one piece."""
+        return b"".join(self.parts)
 
     def on_chunk_header(self) -> None:
         self._chunk_header = True
@@ -137,10 +151,10 @@ class Answer:
             else:
                 end = data.find(b"\n", pos, pos + MAX_LINE + 1 - self._line)
                 stop = size if end < 0 else end + 1
-                before = len(self.body)
+                before = self.size
                 self._chunk_header = False
                 self._parse(view[pos:stop])
-                self._count_line(view[pos:stop], len(self.body) - before, end >= 0)
+                self._count_line(view[pos:stop], self.size - before, end >= 0)
                 pos = stop
 
     def _parse(self, piece) -> None:
@@ -162,7 +176,7 @@ class Answer:
 
     def _incomplete(self) -> str:
         """http.client's words for a chunked body cut short: the whole chunks of its last read."""
-        whole = len(self.body) - (self._chunk_size - self._data_left if self._data_left else 0)
+        whole = self.size - (self._chunk_size - self._data_left if self._data_left else 0)
         return f"IncompleteRead({whole % 65536} bytes read)"
 
     def _count_line(self, piece, body_bytes: int, ended: bool) -> None:

@@ -177,6 +177,8 @@ class Client:
                 return _failed(state, started, exc)
             finally:
                 timer.cancel()
+                if state.answer is not None:
+                    state.answer.release()
                 if state.wire is not None:
                     state.wire.close()
             return fetched
@@ -203,7 +205,7 @@ class Client:
                     raise _Closed("Remote end closed connection without response")
                 break
             answer.feed(received)
-        status, body = answer.status, bytes(answer.body)
+        status, body = answer.status, answer.body()
         if answer.over:
             if status < 300:
                 return ended("too_large", started, http_status=status, max_bytes=max_bytes)
