@@ -76,11 +76,7 @@ class Answer:
 
     def __init__(self, max_bytes: int, head_only: bool = False):
         self.max_bytes, self.head_only = max_bytes, head_only
-        self.parser = httptools.HttpResponseParser(self)
-        # http.client reads what llhttp would refuse: a bare LF, spaces after a chunk size,
-        # any HTTP/1.x version, header values with any byte, chunked beside a Content-Length.
-        self.parser.set_dangerous_leniencies(lenient_headers=True, lenient_chunked_length=True, lenient_version=True,
-                                             lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True)
+        self.parser = self._new_parser()
         self.status: int | None = None   # the final answer's, once its head is read
         self.content_type = ""
         self.parts: list[bytes] = []    # the body as it came (joined once, by ``body``: one piece is not copied)
@@ -96,6 +92,14 @@ class Answer:
         self._head_lines = 0
         self._data_left = 0              # a chunk's data bytes not yet fed (known from its size line)
         self._chunk_header = self._trailer = False
+
+    def _new_parser(self) -> httptools.HttpResponseParser:
+        parser = httptools.HttpResponseParser(self)
+        # http.client reads what llhttp would refuse: a bare LF, spaces after a chunk size,
+        # any HTTP/1.x version, header values with any byte, chunked beside a Content-Length.
+        parser.set_dangerous_leniencies(lenient_headers=True, lenient_chunked_length=True, lenient_version=True,
+                                        lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True)
+        return parser
 
     # -- httptools callbacks ---------------------------------------------------------------------
     def on_headers_complete(self) -> None:
@@ -138,7 +142,8 @@ class Answer:
     def feed(self, data: bytes) -> None:
         """Feed what arrived (raises ``BadAnswer``); stops at the answer's end or past the limit."""
         self.received = True
-        view, pos, size = memoryview(data), 0, len(data)
+        pos = self._whole_head(data) if self.status is None and not (self._head_lines or self._line or self._bad_line) else 0
+        view, size = memoryview(data), len(data)
         while pos < size and not (self.complete or self.over):
             if self._data_left:
                 take = min(self._data_left, size - pos)
@@ -156,6 +161,30 @@ class Answer:
                 self._parse(view[pos:stop])
                 self._count_line(view[pos:stop], self.size - before, end >= 0)
                 pos = stop
+
+    def _whole_head(self, data: bytes) -> int:
+        """The usual head — a final answer's, all in ``data``, within every limit, lines ended by
+        CRLF — fed in one piece: where it ends. 0 (anything else, or whatever llhttp refuses in
+        it): it is read line by line, with a fresh parser, to be measured and named exactly."""
+        end = data.find(b"\r\n\r\n", 0, MAX_LINE)  # (so no line of it can be longer than MAX_LINE)
+        if end < 0 or not data.startswith(b"HTTP/1.") or data[9:10] not in (b"2", b"3", b"4", b"5"):
+            return 0
+        head = data[:end + 4]
+        if b"\n\n" in head or head.find(b"\n\r\n") != end + 1 or head.count(b"\n") > MAX_HEADER_LINES:
+            return 0
+        lines = head.split(b"\n")
+        for line in lines:
+            self._header(line)
+        try:
+            self.parser.feed_data(head)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            self.parser = self._new_parser()
+            self.status, self.limit, self.content_type = None, self.max_bytes, ""
+            self.complete = self.keep_alive = self.chunked = False
+            self._lines = True
+            return 0
+        self._head_lines = len(lines) - 1
+        return end + 4
 
     def _parse(self, piece) -> None:
         if self._bad_line:
