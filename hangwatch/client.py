@@ -281,9 +281,25 @@ async def _resolve(loop, host: str, port: int) -> list:
     return [(family, address) for family, _, _, _, address in found]
 
 
+# (method, url, has_json, headers) -> _request_head's answer: a reading asks the same few
+# requests of a backend every scrape. Emptied when it reaches _MAX_HEADS.
+_HEADS: dict[tuple, tuple[str, str, int, bytes]] = {}
+_MAX_HEADS = 4096
+
+
 def _request_head(method: str, url: str, has_json: bool, headers: dict[str, str] | None):
     """(scheme, host, port, the request's line and headers without the blank line). Raises
     ValueError for a URL or header that cannot go out as HTTP/1.1."""
+    key = (method, url, has_json, tuple(headers.items()) if headers else ())
+    known = _HEADS.get(key)
+    if known is None:
+        if len(_HEADS) >= _MAX_HEADS:
+            _HEADS.clear()
+        known = _HEADS[key] = _new_request_head(method, url, has_json, headers)
+    return known
+
+
+def _new_request_head(method: str, url: str, has_json: bool, headers: dict[str, str] | None):
     parts = urlsplit(url)
     scheme, host, port = parts.scheme, parts.hostname or "", parts.port
     if scheme not in ("http", "https"):
