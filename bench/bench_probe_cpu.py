@@ -3,7 +3,7 @@
 its parse and the answer's render — the path every busy backend costs on every scrape.
 
     flock /work/heavy.lock python bench/bench_probe_cpu.py [--scrapes 2000] [--rounds 3]
-        [--loops uvloop,asyncio] [--exporter-ref 5784e32] [--concurrency 50]
+        [--loops uvloop,asyncio] [--exporter-ref 5784e32,0b9007b] [--concurrency 50]
 
 The backends are ``bench/fleet.py`` (another process: the captured busy vLLM 0.32 page, its
 counters moving with every answer, 4 requests running so no idle probe is due); the exporter is
@@ -73,10 +73,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--loops", default="uvloop,asyncio")
-    parser.add_argument("--exporter-ref", default=None, help="also measure this commit's exporter (e.g. 5784e32)")
+    parser.add_argument("--exporter-ref", default="", help="also measure these commits' exporters, comma-separated "
+                        "(e.g. 5784e32: before issue 34)")
     args = parser.parse_args(argv)
     asked = [loop.strip() for loop in args.loops.split(",") if loop.strip()]
-    trees = [(None, "this tree")] + ([(args.exporter_ref, args.exporter_ref)] if args.exporter_ref else [])
+    refs = [ref.strip() for ref in args.exporter_ref.split(",") if ref.strip()]
+    trees = [(ref, ref) for ref in refs] + [(None, "this tree")]
     fleet = Fleet(max(1, args.concurrency))
     rows = []
     try:
