@@ -16,7 +16,7 @@ from typing import Callable
 
 from .client import Client, Fetched
 from .deadline import Deadline
-from .models_memo import ModelMemo  # (every observer takes ``known``; FastChat names its own models)
+from .models_memo import ModelMemo
 from .observation import BLIND, OK, PROBE_ANSWERED, PROBE_FAILED, TIMEOUT, Observation, Options, ProbeResult
 from .observe import not_answered, observe_load
 from .probe import outcome_of

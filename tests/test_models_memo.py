@@ -9,6 +9,7 @@ exist" are asked again. Without a memo (the CLI) every probe asks.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from pathlib import Path
 
@@ -158,3 +159,11 @@ def test_a_pooling_models_missing_route_keeps_the_model(backend):
     assert observe(backend, memo) == FIRST + ["POST /v1/embeddings"]
     assert observe(backend, memo) == KNOWN + ["POST /v1/embeddings"]
     assert observe(backend, memo, probe=PROBE_EMBEDDING) == ["GET /metrics", "GET /metrics", "POST /v1/embeddings"]
+
+
+def test_every_module_takes_the_memo_so_the_exporter_can_hand_it_to_any():
+    """The exporter passes ``known=`` to whichever module a scrape names; only a backend uses it."""
+    from hangwatch.modules import MODULES
+    for name, module in MODULES.items():
+        parameter = inspect.signature(module.observe).parameters.get("known")
+        assert parameter is not None and parameter.default is None, name
