@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """How many backends one exporter carries, and at what CPU beside blackbox_exporter's.
 
-    python bench/bench_exporter_scale.py [--backends 100,1000,5000] [--interval 15s]
-        [--rounds 2] [--burst 100,1000,5000] [--loops evloop,uvloop] [--no-blackbox]
+    python bench/bench_exporter_scale.py [--fleet busy,idle] [--backends 100,1000,5000] [--interval 15s]
+        [--rounds 2] [--burst 100,1000,5000] [--loops uvloop,asyncio] [--no-blackbox]
         [--repeat N] [--shift K] [--static-fleet] [--exporter-ref COMMIT] [--json FILE]
-    python bench/bench_exporter_scale.py --summarize run1.json run2.json ...
+    python bench/bench_exporter_scale.py --summarize run1.json run2.json ...   (bench/scalereport.py)
+
+Two fleets: busy (requests in flight, counters moving: hangwatch reads /metrics and nothing
+else) and idle (nothing in flight: hangwatch reads /metrics and sends its 1-token probe, where
+blackbox_exporter POSTs the same completion — the naive probe it is compared to).
 
 How it measures: bench/README.md.
 """
@@ -14,7 +18,6 @@ import argparse
 import asyncio
 import json
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -23,22 +26,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from processes import BLACKBOX_MODULE, Blackbox, Exporter, Fleet, raise_fd_limit  # noqa: E402
+from processes import (  # noqa: E402
+    BLACKBOX_COMPLETION,
+    BLACKBOX_MODULE,
+    LOOPS,
+    Blackbox,
+    Exporter,
+    Fleet,
+    has_evloop,
+    raise_fd_limit,
+)
 from procstat import loadavg, sample  # noqa: E402
+from scalereport import BLACKBOX, HEADER, medians, show  # noqa: E402
 from scrapeload import Result, Scraper, burst, spread  # noqa: E402
 
 TIMEOUT = 10.0  # the example Prometheus config's scrape_timeout
-BLACKBOX = "blackbox"
+FLEETS = ("busy", "idle")
 
 
-def probe_paths(urls: list[str], subject: str) -> list[str]:
+def probe_paths(urls: list[str], subject: str, fleet: str = "busy") -> list[str]:
+    """What each subject is asked per backend: blackbox reads /metrics of a busy backend and
+    POSTs the 1-token completion to an idle one; hangwatch is asked the same way for both."""
+    if subject == BLACKBOX and fleet == "idle":
+        return [f"/probe?target={url}/v1/completions&module={BLACKBOX_COMPLETION}" for url in urls]
     if subject == BLACKBOX:
         return [f"/probe?target={url}/metrics&module={BLACKBOX_MODULE}" for url in urls]
     return [f"/probe?target={url}&module=backend" for url in urls]
 
 
-def expected(subject: str) -> bytes:
-    return b"probe_success 1" if subject == BLACKBOX else b"hangwatch_up 1"
+def expected(subject: str, fleet: str = "busy") -> bytes:
+    """A success: blackbox's probe succeeded; hangwatch read the backend (busy) and its idle
+    probe answered (idle: the probe was sent and reached the fleet)."""
+    # a sample's line, never its HELP line ("# HELP hangwatch_up 1 if the backend answered ...")
+    if subject == BLACKBOX:
+        return b"\nprobe_success 1"
+    return b"\nhangwatch_probe_success 1" if fleet == "idle" else b"\nhangwatch_up 1"
 
 
 class Watch:
@@ -60,11 +82,12 @@ class Watch:
 
 
 def summary(subject: str, shape: str, n: int, result: Result, marks: list, watch: Watch, pid: int,
-            repeat: int) -> dict:
-    """``marks``: [(monotonic, subject's sample, fleet's sample)] at the window's start and end."""
+            repeat: int, fleet: str = "busy") -> dict:
+    """``marks``: [(monotonic, subject's sample, fleet's sample, fleet's request counts)] at the
+    window's start and end."""
     now = sample(pid)
     row = {
-        "subject": subject, "repeat": repeat,
+        "fleet": fleet, "subject": subject, "repeat": repeat,
         "shape": shape, "backends": n, "scrapes": result.started, "failed": result.failed,
         "failures": result.failures, "p50_ms": result.quantile(0.5) * 1000,
         "p99_ms": result.quantile(0.99) * 1000,
@@ -72,85 +95,48 @@ def summary(subject: str, shape: str, n: int, result: Result, marks: list, watch
         "rss_mb": now.rss / 2**20, "peak_rss_mb": now.peak_rss / 2**20, "max_rss_mb": watch.max_rss / 2**20,
         "max_threads": watch.max_threads, "max_fds": watch.max_fds, "load": loadavg(),
     }
-    (t0, s0, f0), (t1, s1, f1) = marks
+    (t0, s0, f0, q0), (t1, s1, f1, q1) = marks
     cpu, seconds, scrapes = s1.cpu - s0.cpu, t1 - t0, max(1, result.started)
     row["cpu_ms_per_scrape"] = cpu / scrapes * 1000
     row["core_percent"] = cpu / seconds * 100
     row["seconds"] = seconds
     row["system_share"] = (s1.system - s0.system) / cpu if cpu else float("nan")  # the kernel's part
     row["fleet_cpu_ms_per_scrape"] = (f1.cpu - f0.cpu) / scrapes * 1000
+    # what the subject asked of the fleet per scrape, counted where it arrived
+    row["fleet_requests_per_scrape"] = (q1["requests"] - q0["requests"]) / scrapes
+    row["fleet_paths_per_scrape"] = {path: (count - q0["paths"].get(path, 0)) / scrapes
+                                     for path, count in sorted(q1["paths"].items())
+                                     if count != q0["paths"].get(path, 0)}
     return row
 
 
-def _mark(pid: int, fleet_pid: int) -> tuple:
-    return time.monotonic(), sample(pid), sample(fleet_pid)
+def _mark(pid: int, fleet: Fleet) -> tuple:
+    return time.monotonic(), sample(pid), sample(fleet.pid), fleet.stats()
 
 
 async def run_spread(subject: str, port: int, pid: int, fleet: Fleet, interval: float, rounds: int,
                      repeat: int) -> dict:
-    scraper = Scraper("127.0.0.1", port, TIMEOUT, expect=expected(subject))
+    scraper = Scraper("127.0.0.1", port, TIMEOUT, expect=expected(subject, fleet.kind))
     watch = Watch(pid)
     watcher = asyncio.create_task(watch.run())
     marks = []
-    result = await spread(scraper, probe_paths(fleet.urls(), subject), interval, rounds,
-                          on_window=lambda: marks.append(_mark(pid, fleet.pid)))
+    result = await spread(scraper, probe_paths(fleet.urls(), subject, fleet.kind), interval, rounds,
+                          on_window=lambda: marks.append(_mark(pid, fleet)))
     watcher.cancel()
     scraper.close()
-    return summary(subject, "spread", len(fleet.urls()), result, marks, watch, pid, repeat)
+    return summary(subject, "spread", len(fleet.urls()), result, marks, watch, pid, repeat, fleet.kind)
 
 
 async def run_burst(subject: str, port: int, pid: int, fleet: Fleet, repeat: int) -> dict:
-    scraper = Scraper("127.0.0.1", port, TIMEOUT, expect=expected(subject))
+    scraper = Scraper("127.0.0.1", port, TIMEOUT, expect=expected(subject, fleet.kind))
     watch = Watch(pid)
     watcher = asyncio.create_task(watch.run())
-    marks = [_mark(pid, fleet.pid)]
-    result = await burst(scraper, probe_paths(fleet.urls(), subject))
-    marks.append(_mark(pid, fleet.pid))
+    marks = [_mark(pid, fleet)]
+    result = await burst(scraper, probe_paths(fleet.urls(), subject, fleet.kind))
+    marks.append(_mark(pid, fleet))
     watcher.cancel()
     scraper.close()
-    return summary(subject, "burst", len(fleet.urls()), result, marks, watch, pid, repeat)
-
-
-def show(row: dict) -> str:
-    failures = ", ".join(f"{k}: {v}" for k, v in row["failures"].items())
-    return (f"{row['subject']:9} {row['shape']:6} {row['backends']:6d} {row['scrapes']:7d} {row['p50_ms']:8.1f} "
-            f"{row['p99_ms']:8.1f} {row['max_ms']:8.1f} {row['failed']:6d}  {row['cpu_ms_per_scrape']:6.2f} ms "
-            f"{row['core_percent']:5.1f}% {row.get('system_share', 0) * 100:3.0f}% "
-            f"{row['fleet_cpu_ms_per_scrape']:6.2f} {row['rss_mb']:6.1f} {row['max_rss_mb']:6.1f} "
-            f"{row['max_threads']:5d} {row['max_fds']:5d}  [{row['load']}] {failures}")
-
-
-HEADER = (f"{'subject':9} {'shape':6} {'backs':>6} {'scrapes':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-          f"{'failed':>6}  {'CPU/scrape':>9} {'core':>6} {'sys':>4} {'fleet':>6} {'RSS':>6} {'maxRSS':>6} "
-          f"{'thrds':>5} {'fds':>5}  [load 1/5/15 min]")
-
-
-def medians(rows: list[dict]) -> str:
-    """Per (shape, backends, subject): the median CPU per scrape over the repeats, then the
-    ratios each hangwatch loop / blackbox_exporter and uvloop / evloop."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["shape"], row["backends"], row["subject"]), []).append(row)
-    lines = ["", "medians over the repeats (CPU per scrape; p50 / p99 latency; failed; max RSS):"]
-    median_cpu = {}
-    for (shape, n, subject), group in sorted(groups.items()):
-        cpu = statistics.median(r["cpu_ms_per_scrape"] for r in group)
-        median_cpu[(shape, n, subject)] = cpu
-        runs = " ".join(f"{r['cpu_ms_per_scrape']:.2f}" for r in group)
-        lines.append(f"  {shape:6} {n:6d} {subject:9} {cpu:6.2f} ms  (runs: {runs})  "
-                     f"p50 {statistics.median(r['p50_ms'] for r in group):7.1f} ms  "
-                     f"p99 {statistics.median(r['p99_ms'] for r in group):7.1f} ms  "
-                     f"failed {sum(r['failed'] for r in group)}  "
-                     f"RSS {max(r['max_rss_mb'] for r in group):5.1f} MB  "
-                     f"fleet {statistics.median(r['fleet_cpu_ms_per_scrape'] for r in group):.2f} ms")
-    for (shape, n, subject), cpu in sorted(median_cpu.items()):
-        base = median_cpu.get((shape, n, BLACKBOX))
-        if subject != BLACKBOX and base:
-            lines.append(f"  {shape:6} {n:6d} {subject} / blackbox_exporter: {cpu / base:.2f}x")
-        evloop = median_cpu.get((shape, n, "evloop"))
-        if subject == "uvloop" and evloop:
-            lines.append(f"  {shape:6} {n:6d} uvloop / evloop: {cpu / evloop:.2f}x")
-    return "\n".join(lines)
+    return summary(subject, "burst", len(fleet.urls()), result, marks, watch, pid, repeat, fleet.kind)
 
 
 def start(subject: str, workdir: Path, args):
@@ -160,13 +146,19 @@ def start(subject: str, workdir: Path, args):
 
 
 async def main_async(args) -> list[dict]:
+    """Every fleet kind and size starts once and stays up; each repeat runs every subject on
+    every fleet, the subjects' order rotating with the repeat."""
     rows = []
     subjects = list(args.loops) + ([BLACKBOX] if args.blackbox else [])
     print(HEADER, flush=True)
-    for n in sorted(set(args.backends) | set(args.burst)):
-        fleet = Fleet(n, static=args.static_fleet)
-        try:
-            for repeat in range(args.repeat):
+    fleets = []
+    try:
+        for kind in args.fleet:
+            for n in sorted(set(args.backends) | set(args.burst)):
+                fleets.append(Fleet(n, static=args.static_fleet, kind=kind))
+        for repeat in range(args.repeat):
+            for fleet in fleets:
+                n = len(fleet.ports)
                 shift = (repeat + args.shift) % len(subjects)
                 for subject in subjects[shift:] + subjects[:shift]:
                     with tempfile.TemporaryDirectory(prefix="hangwatch-bench-") as workdir:
@@ -181,7 +173,8 @@ async def main_async(args) -> list[dict]:
                                 print(show(rows[-1]), flush=True)
                         finally:
                             process.stop()
-        finally:
+    finally:
+        for fleet in fleets:
             fleet.stop()
     return rows
 
@@ -193,8 +186,16 @@ def sizes(text: str) -> list[int]:
 def loops(text: str) -> list[str]:
     chosen = [part.strip() for part in text.split(",") if part.strip()]
     for name in chosen:
-        if name not in ("evloop", "uvloop"):
-            raise argparse.ArgumentTypeError(f"{name!r}: a loop is evloop or uvloop")
+        if name not in LOOPS:
+            raise argparse.ArgumentTypeError(f"{name!r}: a loop is one of {', '.join(LOOPS)}")
+    return chosen
+
+
+def fleets(text: str) -> list[str]:
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    for name in chosen:
+        if name not in FLEETS:
+            raise argparse.ArgumentTypeError(f"{name!r}: a fleet is busy or idle")
     return chosen
 
 
@@ -213,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=sizes, default=[1000], help="burst runs (comma list; default 1000)")
     parser.add_argument("--interval", type=parse_seconds, default=15.0, help="scrape interval (default 15s)")
     parser.add_argument("--rounds", type=int, default=1, help="measured intervals after one warm-up (default 1)")
-    parser.add_argument("--loops", type=loops, default=["evloop"], help="hangwatch on these loops: evloop,uvloop")
+    parser.add_argument("--fleet", type=fleets, default=list(FLEETS), help="fleets: busy,idle (default both)")
+    parser.add_argument("--loops", type=loops, default=None,
+                        help="hangwatch on these loops: asyncio,uvloop (HANGWATCH_LOOP); evloop,uvloop for an "
+                             "exporter from before issue 34 (default: the exporter's own loop)")
     parser.add_argument("--no-blackbox", dest="blackbox", action="store_false",
                         help="skip blackbox_exporter (it runs by default)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of every subject, interleaved (default 1)")
@@ -229,9 +233,16 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for name in args.summarize for row in json.loads(Path(name).read_text())]
         print(medians(rows))
         return 0
+    evloop_tree = has_evloop(args.exporter_ref)
+    if args.loops is None:
+        args.loops = ["evloop" if evloop_tree else "uvloop"]
+    wrong = [name for name in args.loops if (name == "evloop") != evloop_tree and name != "uvloop"]
+    if wrong:
+        parser.error(f"--loops {','.join(wrong)}: this exporter's loops are "
+                     f"{'evloop and uvloop' if evloop_tree else 'asyncio and uvloop'}")
     raise_fd_limit()
     _exit_on_sigterm()
-    print(f"exporter: {args.exporter_ref or 'this tree'}; loops {','.join(args.loops)}; blackbox_exporter "
+    print(f"exporter: {args.exporter_ref or 'this tree'}; fleets {','.join(args.fleet)}; loops {','.join(args.loops)}; blackbox_exporter "
           f"{'yes' if args.blackbox else 'no'}; fleet {'static, one write' if args.static_fleet else 'moving page, head and body apart'}; "
           f"interval {args.interval:g}s, timeout {TIMEOUT:g}s, load before: {loadavg()}", flush=True)
     rows = asyncio.run(main_async(args))

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Many vLLM backends in one process, for the exporter's scale benchmark.
 
-    python bench/fleet.py --count 1000 [--page tests/data/vllm-0.32/busy.prom] [--static]
+    python bench/fleet.py --count 1000 [--kind busy|idle] [--page FILE] [--static] [--loop uvloop|asyncio]
+
+The first line out is JSON: the backends' ports, the pid, and ``stats_port``, where
+``GET /_fleet/stats`` answers the requests served so far by method and path (what a subject
+asked of the fleet: the idle probe's requests are counted here, not guessed).
 
 How it measures: bench/README.md.
 """
@@ -102,18 +106,34 @@ def answers(page: bytes) -> dict[tuple[bytes, bytes], tuple[bytes, bytes]]:
 NOT_FOUND = _response("404 Not Found", "application/json", b'{"detail":"Not Found"}')
 
 
-class Backend(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection to one backend port (bodies are read and ignored)."""
+STATS_PATH = b"/_fleet/stats"
 
-    def __init__(self, table, keep_alive: float, stats: dict, moving: MovingPage | None, answered: list[int]):
+
+def new_stats() -> dict:
+    """What the fleet counts: connections, requests, gzipped pages, and requests by "METHOD path"."""
+    return {"connections": 0, "requests": 0, "gzipped": 0, "paths": {}}
+
+
+class Backend(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection to one backend port (bodies are read and ignored).
+
+    ``split``: head and body in two writes, as uvicorn sends them (the busy and the idle fleet);
+    False is the old static fleet's one write. ``control``: this port answers ``/_fleet/stats``
+    and nothing else (it is not a backend, and its requests are not counted)."""
+
+    def __init__(self, table, keep_alive: float, stats: dict, moving: MovingPage | None, answered: list[int],
+                 split: bool | None = None, control: bool = False):
         self.table, self.keep_alive, self.stats = table, keep_alive, stats
         self.moving, self.answered = moving, answered  # answered: [metrics pages this backend served]
+        self.split = moving is not None if split is None else split
+        self.control = control
         self.buffer = b""
         self.idle = None
 
     def connection_made(self, transport):
         self.transport = transport
-        self.stats["connections"] += 1
+        if not self.control:
+            self.stats["connections"] += 1
         self._arm()
 
     def _arm(self):
@@ -150,7 +170,15 @@ class Backend(asyncio.Protocol):
                 return
             self.buffer = self.buffer[end + 4 + length:]
             method, path = head.split(b" ", 2)[:2]
+            if self.control:
+                body = json.dumps(self.stats).encode() if path == STATS_PATH else NOT_FOUND[1]
+                self.transport.write(_head("200 OK" if path == STATS_PATH else "404 Not Found", JSON_TYPE,
+                                           len(body)) + body)
+                continue
             self.stats["requests"] += 1
+            key = f"{method.decode('latin-1')} {path.decode('latin-1')}"
+            paths = self.stats.setdefault("paths", {})
+            paths[key] = paths.get(key, 0) + 1
             if gzipped and path == b"/metrics":
                 self.stats["gzipped"] += 1
             if self.moving is not None and method == b"GET" and path == b"/metrics":
@@ -159,7 +187,7 @@ class Backend(asyncio.Protocol):
                 if gzipped and path == b"/metrics":
                     path = b"/metrics+gzip"
                 head_bytes, body = self.table.get((method, path), NOT_FOUND)
-            if self.moving is None:
+            if not self.split:
                 self.transport.write(head_bytes + body)  # the old fleet: one write
             else:
                 self.transport.write(head_bytes)  # uvicorn: http.response.start ...
@@ -171,19 +199,23 @@ class Backend(asyncio.Protocol):
             self.idle.cancel()
 
 
-async def serve(count: int, page: bytes, keep_alive: float, static: bool) -> None:
+async def serve(count: int, page: bytes, keep_alive: float, static: bool, moves: bool = True) -> None:
+    """``static``: the old one-write fleet; ``moves``: the page's counters grow with every answer
+    (a busy server); else the page is the capture, always (an idle server: nothing moves)."""
     loop = asyncio.get_running_loop()
     table = answers(page)
-    moving = None if static else MovingPage(page)
-    stats = {"connections": 0, "requests": 0, "gzipped": 0}
+    moving = MovingPage(page) if moves and not static else None
+    stats = new_stats()
 
     def backend_factory():
         answered = [0]  # per port: every connection to one backend sees the same counters move
-        return lambda: Backend(table, keep_alive, stats, moving, answered)
+        return lambda: Backend(table, keep_alive, stats, moving, answered, split=not static)
 
     servers = [await loop.create_server(backend_factory(), "127.0.0.1", 0, backlog=1024) for _ in range(count)]
     ports = [s.sockets[0].getsockname()[1] for s in servers]
-    print(json.dumps({"ports": ports, "pid": os.getpid()}), flush=True)
+    control = await loop.create_server(lambda: Backend({}, 60.0, stats, None, [0], control=True), "127.0.0.1", 0)
+    print(json.dumps({"ports": ports, "pid": os.getpid(), "stats_port": control.sockets[0].getsockname()[1]}),
+          flush=True)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_reader(sys.stdin.fileno(), lambda: sys.stdin.buffer.read1(65536) or stop.set())
@@ -198,16 +230,34 @@ def raise_fd_limit(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(needed, soft)), hard))
 
 
+PAGES = {"busy": DATA / "busy.prom", "idle": DATA / "idle.prom"}
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when it is installed: the fleet must cost little beside the subject it serves."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=1000)
-    parser.add_argument("--page", default=str(DATA / "busy.prom"))
+    parser.add_argument("--kind", choices=sorted(PAGES), default="busy",
+                        help="busy: the busy capture, its counters moving; idle: the idle capture, still")
+    parser.add_argument("--page", default=None, help="another page (default: the kind's capture)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                        help="the fleet's own loop (uvloop if installed, the cheaper)")
     parser.add_argument("--keep-alive", type=float, default=5.0, help="idle keep-alive seconds (vLLM: 5)")
     parser.add_argument("--static", action="store_true",
                         help="the old fleet: one write, a page that never changes (to compare)")
     args = parser.parse_args(argv)
     raise_fd_limit(args.count * 3 + 256)
-    asyncio.run(serve(args.count, Path(args.page).read_bytes(), args.keep_alive, args.static))
+    page = Path(args.page or PAGES[args.kind]).read_bytes()
+    with asyncio.Runner(loop_factory=new_loop if args.loop == "uvloop" else None) as runner:
+        runner.run(serve(args.count, page, args.keep_alive, args.static, moves=args.kind == "busy"))
     return 0
 
 

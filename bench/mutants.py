@@ -22,11 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CORE = ["tests/test_idle_confirm.py", "tests/test_verdict.py", "tests/test_check_simulator.py",
         "tests/rules/test_truth_table_python.py", "tests/test_check_bad_input.py"]
-CORE_NEW = ["tests/test_probe_gate.py", "tests/test_fetch_outcomes.py", "tests/test_fetch_limits.py",
+CORE_NEW = ["tests/test_probe_gate.py", "tests/test_client_outcomes.py", "tests/test_client_limits.py",
             "tests/webhook/test_recheck_simulator.py"]
-FETCH = ["tests/test_hostile_backends.py", "tests/test_check_bad_input.py", "tests/exporter/test_probe_endpoint.py",
-         "tests/exporter/test_reads_on_the_loop.py"]
-FETCH_NEW = ["tests/test_fetch_outcomes.py", "tests/test_fetch_limits.py"]
+FETCH = ["tests/test_hostile_backends.py", "tests/test_check_bad_input.py", "tests/exporter/test_probe_endpoint.py"]
+FETCH_NEW = ["tests/test_client_outcomes.py", "tests/test_client_limits.py", "tests/test_client_bounds.py"]
 HOOK = ["tests/webhook/test_decisions.py", "tests/webhook/test_ledger.py", "tests/webhook/test_fleet_limits.py",
         "tests/webhook/test_http.py"]
 HOOK_NEW = ["tests/webhook/test_restart_guards.py", "tests/webhook/test_recheck_simulator.py"]
@@ -61,21 +60,20 @@ MUTANTS = [
      'return Observation(taken_at, BLIND, error=f"{what} {fetched.error}"',
      'return Observation(taken_at, TIMEOUT, error=f"{what} {fetched.error}"',
      "a too-large page counts toward hung", CORE + FETCH, CORE_NEW + FETCH_NEW),
-    # -- fetch (hangwatch/fetch.py)
-    ("refused-is-timeout", "hangwatch/fetch.py", 'return failed(REFUSED, "connection refused")',
-     'return failed(TIMEOUT, "connection refused")', "refused (down, loading weights) counts toward hung",
+    # -- the client (hangwatch/client.py, answer.py)
+    ("refused-is-timeout", "hangwatch/answer.py", '"refused": (REFUSED, "connection refused"),',
+     '"refused": (TIMEOUT, "connection refused"),', "refused (down, loading weights) counts toward hung",
      FETCH, FETCH_NEW),
-    ("connect-timeout-is-stall", "hangwatch/fetch.py", "connected = connection.sock is not None",
-     "connected = True", "an unreachable host (connect timed out) counts toward hung", FETCH, FETCH_NEW),
-    ("no-size-limit", "hangwatch/fetch.py", "                if size > limit:", "                if size > limit * 1000:",
-     "no limit on a page's size", FETCH, FETCH_NEW),
-    ("deadline-per-read", "hangwatch/fetch.py", "        self._sock.settimeout(left)",
-     "        self._sock.settimeout(max(left, 2.0))", "each read gets its own timeout, not what is left",
+    ("connect-timeout-is-stall", "hangwatch/answer.py", '"connect_timeout": (UNREACHABLE,',
+     '"connect_timeout": (TIMEOUT,', "an unreachable host (connect timed out) counts toward hung", FETCH, FETCH_NEW),
+    ("no-size-limit", "hangwatch/answer.py", "        self.over = len(self.body) > self.limit",
+     "        self.over = len(self.body) > self.limit * 1000", "no limit on a page's size", FETCH, FETCH_NEW),
+    ("deadline-per-read", "hangwatch/client.py", "call_later(deadline.left(), _expire, state, task)",
+     "call_later(max(deadline.left(), 2.0), _expire, state, task)",
+     "a request gets a timeout of its own, not what is left of the reading's", FETCH, FETCH_NEW),
+    ("reset-not-broken", "hangwatch/answer.py", '"broken_off": (BROKEN, "answer broken off: {why}"),',
+     '"broken_off": (OK, "answer broken off: {why}"),', "a page broken off mid-answer is read as a whole page",
      FETCH, FETCH_NEW),
-    ("reset-not-broken", "hangwatch/fetch.py",
-     "            return Fetched(BROKEN, http_status=status, error=f\"answer broken off: {short_error(exc)}\",",
-     "            return Fetched(OK, http_status=status, error=f\"answer broken off: {short_error(exc)}\",",
-     "a page broken off mid-answer is read as a whole page", FETCH, FETCH_NEW),
     # -- the probe (hangwatch/probe.py)
     ("5xx-rejected", "hangwatch/probe.py", "and 400 <= fetched.http_status < 500:",
      "and 400 <= fetched.http_status < 600:", "a probe answered 5xx never counts toward hung", CORE, CORE_NEW),

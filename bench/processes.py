@@ -3,6 +3,7 @@ commit's, on either event loop), blackbox_exporter, a real Prometheus — and st
 Nothing is left behind."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -38,10 +39,12 @@ def _stop(popen: subprocess.Popen) -> None:
 
 
 class Fleet:
-    """``bench/fleet.py``: ``count`` vLLM backends on their own ports, in one process."""
+    """``bench/fleet.py``: ``count`` vLLM backends on their own ports, in one process;
+    ``kind`` busy (counters moving) or idle (nothing in flight: hangwatch probes it)."""
 
-    def __init__(self, count: int, page: Path | None = None, static: bool = False):
-        argv = [sys.executable, str(ROOT / "bench" / "fleet.py"), "--count", str(count)]
+    def __init__(self, count: int, page: Path | None = None, static: bool = False, kind: str = "busy"):
+        self.kind = kind
+        argv = [sys.executable, str(ROOT / "bench" / "fleet.py"), "--count", str(count), "--kind", kind]
         if page is not None:
             argv += ["--page", str(page)]
         if static:
@@ -51,11 +54,21 @@ class Fleet:
         if not line:
             _stop(self.popen)
             raise RuntimeError("the fleet did not start")
-        self.ports = json.loads(line)["ports"]
+        started = json.loads(line)
+        self.ports, self.stats_port = started["ports"], started["stats_port"]
         self.pid = self.popen.pid
 
     def urls(self) -> list[str]:
         return [f"http://127.0.0.1:{port}" for port in self.ports]
+
+    def stats(self) -> dict:
+        """The requests the fleet served so far: ``requests`` and ``paths`` ("GET /metrics": n)."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.stats_port, timeout=10)
+        try:
+            connection.request("GET", "/_fleet/stats")
+            return json.loads(connection.getresponse().read())
+        finally:
+            connection.close()
 
     def stop(self) -> None:
         _stop(self.popen)
@@ -81,16 +94,49 @@ def old_tree(ref: str, workdir: Path) -> Path:
     return site
 
 
+LOOPS = ("asyncio", "uvloop", "evloop")
+
+
+def has_evloop(ref: str | None) -> bool:
+    """Does this tree's (or commit ``ref``'s) exporter run on its own ``evloop``? Before issue 34
+    it did; since, its loop is asyncio's or uvloop's, chosen by ``HANGWATCH_LOOP``."""
+    if ref is None:
+        return (ROOT / "exporter" / "evloop.py").is_file()
+    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{ref}:exporter/evloop.py"],
+                           stderr=subprocess.DEVNULL)
+    return found.returncode == 0
+
+
+def loop_command(loop: str, evloop_tree: bool) -> tuple[list[str], dict]:
+    """How to start an exporter on ``loop``: (argv before ``exporter``, extra environment).
+
+    An evloop tree runs as it is (``evloop``) or through ``bench/loopchoice.py`` (``uvloop``);
+    a newer tree is told its loop by ``HANGWATCH_LOOP`` (``asyncio`` or ``uvloop``)."""
+    if loop not in LOOPS:
+        raise ValueError(f"{loop!r}: a loop is one of {', '.join(LOOPS)}")
+    if evloop_tree:
+        if loop == "evloop":
+            return [sys.executable, "-m", "hangwatch"], {}
+        if loop == "uvloop":
+            return [sys.executable, str(ROOT / "bench" / "loopchoice.py")], {"HANGWATCH_BENCH_LOOP": loop}
+        raise ValueError("this exporter runs on evloop: its loops are evloop and uvloop")
+    if loop == "evloop":
+        raise ValueError("this exporter has no evloop (issue 34): its loops are asyncio and uvloop")
+    return [sys.executable, "-m", "hangwatch"], {"HANGWATCH_LOOP": loop}
+
+
 class Exporter:
     """``hangwatch exporter`` on a free loopback port; ``ref`` runs an older commit's code;
-    ``loop`` other than ``evloop`` runs it through ``bench/loopchoice.py`` on that loop."""
+    ``loop`` picks its event loop (``loop_command``)."""
 
     def __init__(self, workdir: Path, config: str = "", ref: str | None = None, listen: str = "127.0.0.1:0",
-                 loop: str = "evloop"):
+                 loop: str | None = None):
+        evloop_tree = has_evloop(ref)
+        loop = loop or ("evloop" if evloop_tree else "uvloop")
+        command, extra = loop_command(loop, evloop_tree)
         env = dict(os.environ)
-        env["HANGWATCH_BENCH_LOOP"] = loop
-        command = [sys.executable, str(ROOT / "bench" / "loopchoice.py")] if loop != "evloop" else \
-            [sys.executable, "-m", "hangwatch"]
+        env.pop("HANGWATCH_LOOP", None)
+        env.update(extra)
         if ref:
             env["PYTHONPATH"] = str(old_tree(ref, Path(tempfile.mkdtemp(dir=workdir))))
         config_path = workdir / "exporter.yml"
@@ -119,7 +165,43 @@ class Exporter:
 
 
 BLACKBOX = "prometheus-blackbox-exporter"   # Debian's package of the same name
-BLACKBOX_MODULE = "vllm_metrics"
+BLACKBOX_MODULE = "vllm_metrics"          # the busy fleet: GET /metrics
+BLACKBOX_COMPLETION = "vllm_completion"   # the idle fleet: the naive probe, one 1-token completion
+
+
+def completion_body() -> str:
+    """The 1-token completion hangwatch sends at idle (``hangwatch.probe``), for the captured model."""
+    model = json.loads((ROOT / "tests" / "data" / "vllm-0.32" / "models.json").read_text())["data"][0]["id"]
+    return json.dumps({"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0})
+
+
+def blackbox_config() -> str:
+    """Two http modules. ``vllm_metrics`` reads a backend's ``/metrics``: ``GET``, 200 wanted,
+    identity encoding as hangwatch asks; it reads the body whole (to count its bytes) and looks
+    at nothing in it: the cheapest honest reading, so the ratio is the strict one.
+    ``vllm_completion`` is the naive liveness probe hangwatch is compared to at idle: ``POST`` the
+    same 1-token completion to ``/v1/completions``, 200 wanted."""
+    return (
+        "modules:\n"
+        f"  {BLACKBOX_MODULE}:\n"
+        "    prober: http\n"
+        "    timeout: 10s\n"
+        "    http:\n"
+        "      method: GET\n"
+        "      valid_status_codes: [200]\n"
+        "      preferred_ip_protocol: ip4\n"
+        "      headers:\n"
+        "        Accept-Encoding: identity\n"
+        f"  {BLACKBOX_COMPLETION}:\n"
+        "    prober: http\n"
+        "    timeout: 10s\n"
+        "    http:\n"
+        "      method: POST\n"
+        "      valid_status_codes: [200]\n"
+        "      preferred_ip_protocol: ip4\n"
+        "      headers:\n"
+        "        Content-Type: application/json\n"
+        f"      body: '{completion_body()}'\n")
 
 
 def free_port() -> int:
@@ -129,27 +211,16 @@ def free_port() -> int:
 
 
 class Blackbox:
-    """blackbox_exporter (the reference multi-target exporter, Go) on a loopback port, with one
-    http module that reads a backend's ``/metrics``: ``GET``, 200 wanted, identity encoding as
-    hangwatch asks. It reads the body whole (to count its bytes) and looks at nothing in it:
-    the cheapest honest reading, so the ratio is the strict one. Probe ``/probe?target=http://host:port/metrics&module=vllm_metrics``."""
+    """blackbox_exporter (the reference multi-target exporter, Go) on a loopback port, with the
+    modules of ``blackbox_config``. Probe ``/probe?target=http://host:port/metrics&module=vllm_metrics``
+    or ``/probe?target=http://host:port/v1/completions&module=vllm_completion``."""
 
     def __init__(self, workdir: Path, binary: str | None = None):
         binary = binary or shutil.which(BLACKBOX) or shutil.which("blackbox_exporter")
         if binary is None:
             raise RuntimeError(f"{BLACKBOX} is not installed (Debian: apt-get install -y {BLACKBOX})")
         config = workdir / "blackbox.yml"
-        config.write_text(
-            "modules:\n"
-            f"  {BLACKBOX_MODULE}:\n"
-            "    prober: http\n"
-            "    timeout: 10s\n"
-            "    http:\n"
-            "      method: GET\n"
-            "      valid_status_codes: [200]\n"
-            "      preferred_ip_protocol: ip4\n"
-            "      headers:\n"
-            "        Accept-Encoding: identity\n")
+        config.write_text(blackbox_config())
         self.port = free_port()
         self.log_path = workdir / "blackbox.log"
         self.log = open(self.log_path, "wb")

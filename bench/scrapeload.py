@@ -34,7 +34,7 @@ class Result:
 class Scraper:
     """One job's HTTP client: a keep-alive pool to the exporter, like Go's http.Transport."""
 
-    def __init__(self, host: str, port: int, timeout: float, expect: bytes = b"hangwatch_up 1"):
+    def __init__(self, host: str, port: int, timeout: float, expect: bytes = b"\nhangwatch_up 1"):
         self.host, self.port, self.timeout, self.expect = host, port, timeout, expect
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self.connections_opened = 0
@@ -107,7 +107,7 @@ class Scraper:
         if status != "200":
             result.fail(f"HTTP {status}")
         elif self.expect not in body:
-            result.fail("answer without hangwatch_up 1")
+            result.fail(f"answer without {self.expect.decode().strip()}")
         else:
             result.latencies.append(time.monotonic() - started)
 

@@ -11,17 +11,22 @@ window: ``stalled`` needs that long without a token out or a request answered.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import math
+import threading
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 
 from .client import Client
 from .deadline import Deadline
 from .modules import module as module_named
 from .observation import PROBE_AUTO, Observation, Options
 from .verdict import Verdict, judge, min_grace
+
+T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None] | None]
 
 
 @dataclass(frozen=True)
@@ -67,17 +72,63 @@ class CheckResult:
         }
 
 
-def check(url: str, **kwargs) -> CheckResult:
+def check(url: str, *, module: str = "backend", interval: float = 5.0, timeout: float = 5.0, grace: float = 0.0,
+          stall_window: float | None = None, engine: str | None = None, api_key: str | None = None,
+          probe: str = PROBE_AUTO, client: Client | None = None, sleep: Sleep = asyncio.sleep,
+          clock: Callable[[], float] = time.monotonic,
+          on_observation: Callable[[Observation, Verdict], None] | None = None) -> CheckResult:
     """``check_async`` for a caller with no event loop of its own (``hangwatch check``, the
-    webhook's worker threads): the whole check on a loop of its own, then that loop is closed."""
-    return asyncio.run(check_async(url, **kwargs))
+    webhook's worker threads): the whole check on a loop of its own (``run_sync``)."""
+    return run_sync(check_async(url, module=module, interval=interval, timeout=timeout, grace=grace,
+                                stall_window=stall_window, engine=engine, api_key=api_key, probe=probe,
+                                client=client, sleep=sleep, clock=clock, on_observation=on_observation))
+
+
+class _DaemonThreads(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor for ``run_sync``: a thread per call (a name lookup), a daemon,
+    so a ``getaddrinfo`` that never returns is left behind, not joined, at the loop's close and
+    at the process's exit (``asyncio.run`` and a plain ``ThreadPoolExecutor`` join theirs). A
+    ``ThreadPoolExecutor`` only by type: asyncio takes no other as the default; none of its workers run."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                future.set_exception(exc)
+        threading.Thread(target=work, name="hangwatch-lookup", daemon=True).start()
+        return future
+
+
+def run_sync(work: Awaitable[T]) -> T:
+    """``work`` on a new loop of its own, which is then closed without waiting for lookups the
+    deadline gave up on (``asyncio.run`` would wait for them: the CLI would hang at exit)."""
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(_DaemonThreads())
+    try:
+        return loop.run_until_complete(work)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
+async def pause(sleep: Sleep, seconds: float) -> None:
+    """``sleep(seconds)``, awaited when it is a coroutine function (a plain one is a test's fake clock)."""
+    slept = sleep(seconds)
+    if inspect.isawaitable(slept):
+        await slept
 
 
 async def check_async(url: str, *, module: str = "backend", interval: float = 5.0, timeout: float = 5.0,
                       grace: float = 0.0, stall_window: float | None = None, engine: str | None = None,
                       api_key: str | None = None, probe: str = PROBE_AUTO, client: Client | None = None,
-                      sleep: Callable[[float], Awaitable[None] | None] = asyncio.sleep,
-                      clock: Callable[[], float] = time.monotonic,
+                      sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.monotonic,
                       on_observation: Callable[[Observation, Verdict], None] | None = None) -> CheckResult:
     """Observe ``url`` until the verdict is settled (at most a few intervals).
 
@@ -100,9 +151,7 @@ async def check_async(url: str, *, module: str = "backend", interval: float = 5.
             if verdict.settled or len(observations) >= _max_readings(observations, interval,
                                                                        max(grace, stall_window or 0.0)):
                 return CheckResult(verdict, module, tuple(observations))
-            slept = sleep(interval)
-            if inspect.isawaitable(slept):
-                await slept
+            await pause(sleep, interval)
     finally:
         if own_client:
             client.close()

@@ -15,9 +15,9 @@ import select
 import socket
 import ssl
 import time
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from .answer import MAX_ERROR_BODY, MAX_PAGE_BYTES, USER_AGENT, Fetched
 from .connect import connect_within, short_error, shown_host, tls_context
 from .deadline import Deadline
 from .idlepool import IdlePool
@@ -26,25 +26,7 @@ from .observation import BROKEN, HTTP_ERROR, OK, REFUSED, TIMEOUT, TOO_LARGE, UN
 __all__ = ["BROKEN", "HTTP_ERROR", "MAX_ERROR_BODY", "MAX_PAGE_BYTES", "OK", "REFUSED", "TIMEOUT", "TOO_LARGE",
            "UNREACHABLE", "USER_AGENT", "Client", "Deadline", "Fetched", "connect_within", "tls_context"]
 
-MAX_PAGE_BYTES = 8 * 1024 * 1024
-MAX_ERROR_BODY = 2048
-USER_AGENT = "hangwatch"
-
 _QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux
-
-
-@dataclass(frozen=True)
-class Fetched:
-    status: str
-    body: bytes = b""
-    http_status: int | None = None
-    error: str = ""
-    elapsed: float = 0.0
-    content_type: str = ""
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", errors="replace")
 
 
 class _DeadlineSocket:

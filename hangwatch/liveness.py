@@ -11,15 +11,15 @@ two timeouts and one interval (wedged, failed probe) or two intervals and one ti
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .check import CheckResult, check_async
-from .observation import Observation
+from .check import CheckResult, Sleep, check_async, pause, run_sync
+from .client import Client
+from .observation import PROBE_AUTO, Observation
 from .settings import ConfigError, boolean, duration, show
 from .verdict import BUSY, DOWN, HUNG, IDLE, RESTARTED, STALLED, Verdict
 
@@ -57,15 +57,22 @@ class _OutOfBudget(Exception):
     pass
 
 
-def bounded_check(url: str, **kwargs: Any) -> Bounded:
-    """``bounded_check_async`` for a caller with no event loop of its own."""
-    return asyncio.run(bounded_check_async(url, **kwargs))
+def bounded_check(url: str, *, module: str = "backend", interval: float = INTERVAL, timeout: float = TIMEOUT,
+                  budget: float = BUDGET, clock: Callable[[], float] = time.monotonic, sleep: Sleep = asyncio.sleep,
+                  on_observation: Callable[[Observation, Verdict], None] | None = None, grace: float = 0.0,
+                  stall_window: float | None = None, engine: str | None = None, api_key: str | None = None,
+                  probe: str = PROBE_AUTO, client: Client | None = None) -> Bounded:
+    """``bounded_check_async`` for a caller with no event loop of its own (``run_sync``)."""
+    return run_sync(bounded_check_async(url, module=module, interval=interval, timeout=timeout, budget=budget,
+                                        clock=clock, sleep=sleep, on_observation=on_observation, grace=grace,
+                                        stall_window=stall_window, engine=engine, api_key=api_key, probe=probe,
+                                        client=client))
 
 
 async def bounded_check_async(url: str, *, module: str = "backend", interval: float = INTERVAL,
                               timeout: float = TIMEOUT, budget: float = BUDGET,
                               clock: Callable[[], float] = time.monotonic,
-                              sleep: Callable[[float], Awaitable[None] | None] = asyncio.sleep,
+                              sleep: Sleep = asyncio.sleep,
                               on_observation: Callable[[Observation, Verdict], None] | None = None,
                               **check_args: Any) -> Bounded:
     """``check(url, ...)``, taking a next reading only when it can finish within ``budget``.
@@ -86,9 +93,7 @@ async def bounded_check_async(url: str, *, module: str = "backend", interval: fl
     async def guarded_sleep(seconds: float) -> None:
         if clock() + seconds + longest > deadline:
             raise _OutOfBudget
-        slept = sleep(seconds)
-        if inspect.isawaitable(slept):
-            await slept
+        await pause(sleep, seconds)
 
     try:
         result = await check_async(url, module=module, interval=interval, timeout=timeout, sleep=guarded_sleep,
@@ -152,7 +157,7 @@ async def within(work: Awaitable[Bounded], seconds: float) -> Bounded | None:
 
 def run_with_deadline(work: Callable[[], Awaitable[Bounded]], seconds: float) -> Bounded | None:
     """``within`` for a caller with no event loop of its own (``hangwatch check --liveness``)."""
-    return asyncio.run(within(work(), seconds))
+    return run_sync(within(work(), seconds))
 
 
 def budget_error(interval: float, timeout: float, budget: float) -> str | None:

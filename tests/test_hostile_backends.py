@@ -6,6 +6,7 @@ for a second budget.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from hangwatch.check import check
+from hangwatch.client import Client
+from hangwatch.deadline import Deadline
 from hangwatch.demo.wait import wait_until
-from hangwatch.fetch import OK, TIMEOUT, Client, Deadline
+from hangwatch.observation import OK, TIMEOUT
 from tests.exporter.test_probe_endpoint import probe, samples
 from tests.support.hostile import HostileServer
 from tests.support.pages import Page, PageServer
@@ -29,6 +32,10 @@ EMBEDDING = b'{"object":"list","data":[{"index":0,"object":"embedding","embeddin
 # timeout. So the bound that is the feature ("ends at its deadline") is checked against a
 # generous multiple of the deadline, which survives a loaded two-core machine.
 ENDS_WITHIN = 3.0
+
+
+def get(client: Client, url: str, seconds: float):
+    return asyncio.run(client.request("GET", url, deadline=Deadline.after(seconds)))
 
 
 @pytest.fixture
@@ -67,7 +74,7 @@ def idle_vllm(server: PageServer, **statuses: int) -> None:
 def test_a_dripping_answer_ends_at_the_deadline(hostile, mode):
     server = hostile({"/metrics": mode}, gap=0.1)
     started = time.monotonic()
-    fetched = Client().request("GET", server.url + "/metrics", deadline=Deadline.after(1.0))
+    fetched = get(Client(), server.url + "/metrics", 1.0)
     took = time.monotonic() - started
     assert fetched.status == TIMEOUT
     assert 0.9 <= took < 1.0 * ENDS_WITHIN, f"{mode}: one 1 s request took {took:.1f}s"
@@ -75,14 +82,14 @@ def test_a_dripping_answer_ends_at_the_deadline(hostile, mode):
 
 def test_a_page_sent_slowly_but_within_the_deadline_is_read_whole(hostile):
     server = hostile({"/metrics": "slow_page"}, body=IDLE_PAGE, chunk=len(IDLE_PAGE) // 5 + 1, gap=0.1)
-    fetched = Client().request("GET", server.url + "/metrics", deadline=Deadline.after(5.0))
+    fetched = get(Client(), server.url + "/metrics", 5.0)
     assert fetched.status == OK and fetched.body == IDLE_PAGE
 
 
 def test_a_page_sent_too_slowly_is_a_timeout_within_the_budget(hostile):
     server = hostile({"/metrics": "slow_page"}, body=IDLE_PAGE, chunk=256, gap=0.05)  # ~10 s in all
     started = time.monotonic()
-    fetched = Client().request("GET", server.url + "/metrics", deadline=Deadline.after(1.0))
+    fetched = get(Client(), server.url + "/metrics", 1.0)
     assert fetched.status == TIMEOUT and time.monotonic() - started < 1.0 * ENDS_WITHIN
 
 
@@ -125,7 +132,7 @@ def test_a_keepalive_connection_the_server_dropped_is_never_read_as_a_failure(ho
     server = hostile({"/metrics": "keepalive_then_close"}, body=IDLE_PAGE, gap=0.05)
     client = Client()
     for n in range(1, 4):
-        fetched = client.request("GET", server.url + "/metrics", deadline=Deadline.after(2))
+        fetched = get(client, server.url + "/metrics", 2)
         assert fetched.status == OK and fetched.body == IDLE_PAGE
         wait_until(lambda: server.closed == n, 5, f"the server to close idle connection {n}", interval=0.01)
     assert len(server.requests) == 3
@@ -139,7 +146,7 @@ def test_one_keepalive_connection_serves_reading_after_reading(backend):
     def twenty_readings(client: Client) -> float:
         started = time.monotonic()
         for _ in range(20):
-            assert client.request("GET", backend.url + "/metrics", deadline=Deadline.after(2)).status == OK
+            assert get(client, backend.url + "/metrics", 2).status == OK
         return time.monotonic() - started
 
     fresh = twenty_readings(Client(max_idle=0))  # the baseline: a new connection per reading, no stall

@@ -10,12 +10,13 @@ import asyncio
 import pytest
 
 from hangwatch import modules
+from hangwatch.client import Fetched
+from hangwatch.deadline import Deadline
 from hangwatch.demo.files import private_file
 from hangwatch.engines import ENGINES
 from hangwatch.exporter.collector import BackendCollector
 from hangwatch.exporter.config import exporter_config
-from hangwatch.fetch import BROKEN, Deadline, Fetched
-from hangwatch.observation import OK, Observation
+from hangwatch.observation import BROKEN, OK, Observation
 from hangwatch.observe import engine_version
 from hangwatch.reading import Reading
 from hangwatch.settings import ConfigError

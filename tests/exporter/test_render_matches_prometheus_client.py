@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hangwatch.exporter.collector import render_series, series_for
-from hangwatch.fetch import TIMEOUT
+from hangwatch.observation import TIMEOUT
 from hangwatch.observe import BLIND, OK, Observation
 from hangwatch.probe import ProbeResult
 from hangwatch.reading import Reading, parse
