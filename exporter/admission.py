@@ -1,21 +1,38 @@
-"""What the exporter's server admits, per peer address, and what a connection may ask of it.
+"""Every rule the exporter's server holds against hostile or careless clients, in one leaf.
 
-A leaf: the server (``httpserver``) holds its connections (``httpconn``), and a connection asks
-its server to admit, start and release its work. Naming that surface here, as ``Server``, with the
-per-address record (``Peer``), the per-address caps and the counters, lets ``httpconn`` depend on
-this leaf instead of reaching back into the server that made it (the ``httpconn``↔``httpserver``
-circle of issue 34). Nothing here imports the server or a connection (only the wire types, ``httpwire``).
+What one peer address may hold (connections, work slots), who gives way when the table is full
+(the address holding the most), how long a head may take to arrive (``read_timeout``: a
+slow-loris costs its own connection) and how long an idle keep-alive connection is kept, how
+much a client may pipeline while its answer is worked on, which parsed heads are kept (only
+those answered 200, bounded in bytes), and how work waits for a slot (round-robin between
+addresses, then answered overloaded). The server (``httpserver``) and its connections
+(``httpprotocol``) ask ``Admission``; nothing here imports either (only the wire, ``httpwire``):
+a connection is any object with ``client_record``, ``abort()`` and ``start_work()``.
 """
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from types import MappingProxyType
+from typing import Any
 
-from .httpwire import Head, Request, Response, Route
+from .httpwire import MAX_HEAD_BYTES, Head, parse_head
 
-__all__ = ["Peer", "Server", "ServerStats", "client_connection_cap", "client_slot_cap"]
+__all__ = ["Admission", "HeadCache", "Peer", "ServerStats", "client_connection_cap", "client_slot_cap"]
+
+log = logging.getLogger("hangwatch.exporter.httpserver")
+
+IDLE_TIMEOUT = 120.0        # an idle keep-alive connection (Prometheus keeps them 5 min)
+# While a request is answered, what the client sends meanwhile is kept up to this; past it, its
+# connection is not read until the answer is out (pipelining past any sane head).
+MAX_PIPELINED = MAX_HEAD_BYTES
+# Heads answered 200 are kept parsed (Prometheus sends each target the same head every scrape):
+# only heads of at most MAX_KEPT_HEAD bytes, KEPT_HEADS_BYTES of them in all (oldest out first).
+# A head on an unknown path, or with a query its route refused, is never kept.
+MAX_KEPT_HEAD = 1024
+KEPT_HEADS_BYTES = 4 * 1024 * 1024
+KEPT_HEAD_OVERHEAD = 1024   # what a kept head costs beside its bytes (its Head, dict, strings)
 
 
 @dataclass
@@ -24,10 +41,10 @@ class ServerStats:
 
     connections_open: int = 0
     work_admitted: int = 0   # work requests admitted and not yet answered
-    work_running: int = 0    # of which holding a slot now (on the loop or a worker)
+    work_running: int = 0    # of which holding a slot now
     dropped: dict[str, int] = field(default_factory=lambda: {
         "read_timeout": 0, "evicted": 0, "refused": 0, "bad_request": 0})
-    shed: int = 0      # work answered 503 because no worker was free in time
+    shed: int = 0      # work answered 503 because no slot was free in time
 
     @property
     def work_waiting(self) -> int:
@@ -48,8 +65,7 @@ def client_slot_cap(workers: int) -> int:
 
 class Peer:
     """One peer address: its connections (oldest first), the idle ones among them (evictable,
-    oldest first), the work slots it holds and its work waiting for one (oldest first). The
-    connections are the server's ``httpconn.Connection``s; this record only keeps them in order."""
+    oldest first), the work slots it holds and its work waiting for one (oldest first)."""
 
     __slots__ = ("address", "connections", "idle", "running", "waiting")
 
@@ -61,22 +77,154 @@ class Peer:
         self.waiting: OrderedDict[Any, None] = OrderedDict()
 
 
-class Server(Protocol):
-    """What one connection asks of the server that accepted it (``httpserver.BoundedHTTPServer``)."""
+class HeadCache:
+    """Parsed heads answered 200, by their bytes: bounded in bytes, oldest out first."""
 
-    loop: Any
-    name: str
-    read_timeout: float
-    stats: ServerStats
-    executor: Executor
-    free_slots: int
-    waiting: OrderedDict[Peer, None]
+    def __init__(self):
+        self.kept: OrderedDict[bytes, Head] = OrderedDict()
+        self.bytes = 0
 
-    def parsed(self, head: bytes) -> tuple[Head, bool]: ...
-    def keep(self, head: bytes, parsed: Head) -> None: ...
-    def answer_inline(self, request: Request) -> Response | Route: ...
-    def may_start(self, client: Peer) -> bool: ...
-    def run_work(self, work: Callable[[], Response], request: Request) -> Response: ...
-    def start_waiting(self) -> None: ...
-    def forget(self, connection: Any) -> None: ...
-    def release(self, client: Peer) -> None: ...
+    def parsed(self, head: bytes) -> tuple[Head, bool]:
+        """``parse_head(head)``, and whether it came from the kept heads."""
+        known = self.kept.get(head)
+        if known is not None:
+            return known, True
+        return parse_head(head), False
+
+    def keep(self, head: bytes, parsed: Head) -> None:
+        if len(head) > MAX_KEPT_HEAD or head in self.kept:
+            return
+        kept = self.kept
+        kept[head] = parsed._replace(headers=MappingProxyType(parsed.headers))  # shared: read-only
+        self.bytes += len(head) + KEPT_HEAD_OVERHEAD
+        while self.bytes > KEPT_HEADS_BYTES:
+            oldest, _ = kept.popitem(last=False)
+            self.bytes -= len(oldest) + KEPT_HEAD_OVERHEAD
+
+
+class Admission:
+    """The connection table, the work slots and the queue for them. Loop thread only."""
+
+    def __init__(self, *, max_connections: int, workers: int, read_timeout: float, name: str,
+                 max_client_connections: int | None = None, max_client_slots: int | None = None):
+        self.max_connections, self.workers, self.read_timeout, self.name = max_connections, workers, read_timeout, name
+        self.max_client_connections = max_client_connections or client_connection_cap(max_connections)
+        self.max_client_slots = max_client_slots or client_slot_cap(workers)
+        self.stats = ServerStats()
+        self.heads = HeadCache()
+        self.connections: set[Any] = set()
+        self.clients: dict[str, Peer] = {}
+        self.free_slots = workers
+        self.waiting: OrderedDict[Peer, None] = OrderedDict()  # addresses with waiting work, round-robin
+        self._starting = False     # start_waiting is running (it is never entered twice)
+
+    # -- connections ----------------------------------------------------------------------------
+    def peer(self, address: str) -> Peer:
+        client = self.clients.get(address)
+        if client is None:
+            client = self.clients[address] = Peer(address)
+        return client
+
+    def admit(self, connection: Any) -> bool:
+        """Room for one more connection. An address at its own cap may only replace its own idle
+        connection; at a full table the address holding the most gives way (its idle connection
+        first, else its oldest), unless that is the newcomer's own (then only its idle one)."""
+        client = connection.client_record
+        if len(client.connections) >= self.max_client_connections:
+            if not self._evict_from(client, busy_too=False):
+                self.stats.dropped["refused"] += 1
+                return False
+        elif len(self.connections) >= self.max_connections:
+            biggest = max(self.clients.values(), key=lambda c: len(c.connections))
+            if len(biggest.connections) > len(client.connections):
+                evicted = self._evict_from(biggest, busy_too=True)
+            else:
+                evicted = self._evict_from(client, busy_too=False)
+            if not evicted:
+                self.stats.dropped["refused"] += 1
+                return False
+        self.connections.add(connection)
+        client.connections[connection] = None
+        self.stats.connections_open = len(self.connections)
+        return True
+
+    def _evict_from(self, client: Peer, busy_too: bool) -> bool:
+        victim = next(iter(client.idle), None)
+        if victim is None and busy_too:
+            victim = next(iter(client.connections), None)
+        if victim is None:
+            return False
+        self.stats.dropped["evicted"] += 1
+        victim.abort()
+        return True
+
+    def forget(self, connection: Any) -> None:
+        client = connection.client_record
+        self.connections.discard(connection)
+        client.connections.pop(connection, None)
+        client.idle.pop(connection, None)
+        self.stats.connections_open = len(self.connections)
+        self.release(client)
+
+    def release(self, client: Peer) -> None:
+        """Drop an address's record once nothing of it is left (its slots included: a client
+        that closes its connections still holds the slots their work runs in)."""
+        if not client.connections and not client.running and not client.waiting:
+            if self.clients.get(client.address) is client:
+                del self.clients[client.address]
+
+    # -- work slots ----------------------------------------------------------------------------
+    def may_start(self, client: Peer) -> bool:
+        """A slot is free for this address now (and none of its work waits before it)."""
+        return self.free_slots > 0 and client.running < self.max_client_slots and not client.waiting
+
+    def wait_for_slot(self, connection: Any) -> None:
+        client = connection.client_record
+        client.waiting[connection] = None
+        self.waiting[client] = None
+
+    def unqueue(self, connection: Any) -> bool:
+        """Out of the waiting work; True if it was waiting."""
+        return connection.client_record.waiting.pop(connection, 0) is None
+
+    def take_slot(self, client: Peer) -> None:
+        self.free_slots -= 1
+        client.running += 1
+        self.stats.work_running += 1
+
+    def give_back(self, client: Peer) -> None:
+        self.free_slots += 1
+        client.running -= 1
+        self.stats.work_running -= 1
+        self.stats.work_admitted -= 1
+
+    def start_waiting(self) -> None:
+        """Give free slots to waiting work, one address after another. Never entered twice."""
+        if self._starting:
+            return
+        self._starting = True
+        try:
+            while self.free_slots > 0 and self.waiting:
+                started = False
+                for _ in range(len(self.waiting)):
+                    if self.free_slots <= 0:
+                        break
+                    client, _ = self.waiting.popitem(last=False)
+                    if not client.waiting:
+                        continue
+                    if client.running >= self.max_client_slots:
+                        self.waiting[client] = None  # its turn comes when one of its slots frees
+                        continue
+                    connection, _ = client.waiting.popitem(last=False)
+                    if client.waiting:
+                        self.waiting[client] = None  # to the back of the round
+                    started = True
+                    try:
+                        connection.start_work()
+                    except Exception as exc:  # the server's own bug: that connection, not the loop
+                        log.error("%s: starting work failed: %s: %s", self.name, type(exc).__name__, exc)
+                        connection.abort()
+                if not started:
+                    break
+        finally:
+            self._starting = False

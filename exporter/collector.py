@@ -37,7 +37,6 @@ Sample output for a busy vLLM::
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import NamedTuple
 
@@ -206,17 +205,17 @@ class BackendCollector:
             return None
         return self.versions.get(self.target, reading.engine, reading.process_start)
 
-    def series(self, observation: Observation, started: float, deadline: Deadline, version: str | None = None):
+    async def series(self, observation: Observation, started: float, deadline: Deadline,
+                     version: str | None = None):
         """The series for an observation taken since ``started``, with the engine's version
         (``version`` when the caller has it, else asked within ``deadline`` unless ``versions``
-        knows it)."""
+        knows it or is backing off)."""
         reading = observation.reading
         if reading is not None and not version:
             version = self.known_version(observation)
             if not version and not self.backing_off(observation):
-                # TEMPORARY (branch core): on a worker thread until the server is on asyncio.
-                version = asyncio.run(engine_version(self.client, self.target.rstrip("/"), reading.engine,
-                                                     deadline, self.options))
+                version = await engine_version(self.client, self.target.rstrip("/"), reading.engine, deadline,
+                                               self.options)
                 if self.versions is not None:
                     self.versions.put(self.target, reading.engine, reading.process_start, version)
         self.last_observation = observation

@@ -11,10 +11,12 @@ shared with the ``/livez`` captures: one capture per target at a time (503 meanw
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlencode
 
 from hangwatch import liveness
@@ -31,6 +33,12 @@ log = logging.getLogger("hangwatch.exporter")
 
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
+
+# A capture blocks (it reads /proc, runs py-spy, waits on a bounded check of its own): it runs on
+# these threads, never on the server's loop. Made when first used; at most this many at once
+# (the CaptureGuard allows one per target), the rest wait for one.
+BLOCKING_WORKERS = 2
+BLOCKING = ThreadPoolExecutor(max_workers=BLOCKING_WORKERS, thread_name_prefix="hangwatch-blocking")
 
 
 def capture_guard(config: ExporterConfig) -> CaptureGuard:
@@ -70,7 +78,10 @@ def authorized(request: Request, config: ExporterConfig) -> bool:
 
 
 def forensics_route(config: ExporterConfig, guard: CaptureGuard) -> Route:
-    def handler(request: Request) -> Response:
+    async def handler(request: Request) -> Response:
+        return await asyncio.get_running_loop().run_in_executor(BLOCKING, answer, request)
+
+    def answer(request: Request) -> Response:
         if not authorized(request, config):
             return Response(401, TEXT, b"forensics needs the bearer token (forensics.token_file)\n",
                             (("WWW-Authenticate", "Bearer"),))
@@ -110,8 +121,8 @@ def forensics_route(config: ExporterConfig, guard: CaptureGuard) -> Route:
 
 class LivezCaptures:
     """On Kubernetes the kubelet restarts, not the webhook: the stacks are taken at the first
-    ``/livez`` 503 of a target (the bounded check just said hung), in the background so the
-    answer is not delayed. The log gets the signature and a summary (the whole capture, locals
+    ``/livez`` 503 of a target (the bounded check just said hung), on one of the ``BLOCKING``
+    threads so the answer is not delayed. The log gets the signature and a summary (the whole capture, locals
     and all, only at debug level). Once per incident — again only after a 200 for that target —
     and never past the guard ``/forensics`` shares."""
 
@@ -133,10 +144,10 @@ class LivezCaptures:
             if canonical in self._taken:
                 return
             self._taken.add(canonical)
-        threading.Thread(target=self._capture, args=(listed, canonical), daemon=True,
-                         name=f"hangwatch-forensics-{listed}").start()
+        BLOCKING.submit(self._capture, listed, canonical)
 
     def _capture(self, listed: str, canonical: str) -> None:
+        """On a ``BLOCKING`` thread."""
         from hangwatch.forensics import capture
         options = self.config.options_for(listed)
         with self.guard.holding(canonical) as refusal:

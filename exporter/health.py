@@ -16,20 +16,21 @@ reads only the status.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 from prometheus_client import Counter
 
 from hangwatch import liveness
+from hangwatch.client import Client
 from hangwatch.liveness import Bounded, StartupClock
 from hangwatch.observation import Options
 
 from .config import ExporterConfig
+from .fds import HEALTH_IDLE_CONNECTIONS
 from .query import Refused, asked
 
 log = logging.getLogger("hangwatch.exporter")
@@ -42,58 +43,55 @@ CHECKS = Counter("hangwatch_exporter_health_checks", "Bounded checks started for
 JSON = "application/json"
 
 
-@dataclass
-class _Running:
-    deadline: float
-    done: threading.Event = field(default_factory=threading.Event)
-    outcome: Bounded | None = None
-
-
 class SharedChecks:
-    """At most one bounded check per (target, module, options) at a time; callers meanwhile share it."""
+    """At most one bounded check per (target, module, options) at a time; callers meanwhile share
+    it. A check is a task on the loop; each caller awaits it until the check's own deadline (the
+    check may overrun it — one request trickling — and is still shared until it ends)."""
 
-    def __init__(self, run: Callable[[str, str, Options], Bounded], budget: float,
+    def __init__(self, run: Callable[[str, str, Options], Awaitable[Bounded | None]], budget: float,
                  clock: Callable[[], float] = time.monotonic, startup: StartupClock | None = None):
         self._run, self._budget, self._clock = run, budget, clock
         self.startup = startup  # with startup_deadline: how long each target has been down
-        self._lock = threading.Lock()
-        self._running: dict[tuple[str, str], _Running] = {}
+        self._running: dict[tuple[str, str, Options], tuple[asyncio.Task, float]] = {}
 
-    def result(self, target: str, module: str, options: Options = Options()) -> tuple[Bounded | None, bool]:
+    async def result(self, target: str, module: str, options: Options = Options()) -> tuple[Bounded | None, bool]:
         """The check's outcome (None: not finished by its deadline) and whether it was shared."""
         key = (target, module, options)
-        with self._lock:
-            running = self._running.get(key)
-            shared = running is not None
-            if running is None:
-                running = self._running[key] = _Running(self._clock() + self._budget)
-                CHECKS.inc()
-                threading.Thread(target=self._check, args=(key, running), daemon=True,
-                                 name=f"hangwatch-livez-{target}").start()
-        running.done.wait(max(0.0, running.deadline - self._clock()))
-        return running.outcome, shared
-
-    def _check(self, key: tuple[str, str, Options], running: _Running) -> None:
+        running = self._running.get(key)
+        shared = running is not None
+        if running is None:
+            task = asyncio.get_running_loop().create_task(self._check(key), name=f"hangwatch-check-{target}")
+            running = self._running[key] = (task, self._clock() + self._budget)
+            CHECKS.inc()
+        task, deadline = running
         try:
-            running.outcome = self._run(*key)
+            return await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - self._clock())), shared
+        except asyncio.TimeoutError:
+            return None, shared
+
+    async def _check(self, key: tuple[str, str, Options]) -> Bounded | None:
+        try:
+            return await self._run(*key)
         except Exception:  # noqa: BLE001 - a broken check is "no verdict", never a crashed answer
             log.exception("bounded check of %s failed", key[0])
+            return None
         finally:
-            with self._lock:
-                del self._running[key]
-            running.done.set()
+            del self._running[key]
 
 
 def shared_checks(config: ExporterConfig) -> SharedChecks:
-    def run(target: str, module: str, options: Options) -> Bounded:
-        return liveness.bounded_check(target, module=module, interval=config.liveness_interval,
-                                      timeout=config.liveness_timeout, budget=config.liveness_budget,
-                                      api_key=options.api_key, probe=options.probe)
+    client = Client(max_idle=HEALTH_IDLE_CONNECTIONS)
+
+    async def run(target: str, module: str, options: Options) -> Bounded:
+        return await liveness.bounded_check_async(
+            target, module=module, interval=config.liveness_interval, timeout=config.liveness_timeout,
+            budget=config.liveness_budget, api_key=options.api_key, probe=options.probe, client=client)
     startup = StartupClock(config.startup_deadline) if config.startup_deadline else None
     return SharedChecks(run, config.liveness_budget, startup=startup)
 
 
-def answer_health(endpoint: str, query: str, config: ExporterConfig, checks: SharedChecks) -> tuple[int, str, bytes]:
+async def answer_health(endpoint: str, query: str, config: ExporterConfig,
+                        checks: SharedChecks) -> tuple[int, str, bytes]:
     """``endpoint`` is ``livez`` or ``readyz``: (HTTP code, content type, body)."""
     read = asked(query, config)
     if isinstance(read, Refused):
@@ -101,7 +99,7 @@ def answer_health(endpoint: str, query: str, config: ExporterConfig, checks: Sha
         return read.code, "text/plain", f"{read.why}\n".encode()
     target, module = read.target, read.module
     started = time.monotonic()
-    outcome, shared = checks.result(target, module, read.options)
+    outcome, shared = await checks.result(target, module, read.options)
     answer = (liveness.liveness if endpoint == "livez" else liveness.readiness)(outcome)
     if checks.startup is not None and outcome is not None:
         down_for = checks.startup.overdue((target, module), outcome.verdict.state)

@@ -35,19 +35,17 @@ class Response:
 
 @dataclass(frozen=True)
 class Route:
-    """``handler(request) -> Response``. ``inline``: cheap and never blocks (answered on the
-    loop). Otherwise it is work: it must start within ``start_within(request)`` seconds of
-    arriving or be answered ``overloaded(request)`` instead, and runs on a worker thread — or,
-    with ``on_loop(request, reply)``, starts on the loop: it must never block there, and calls
-    ``reply`` once (on the loop) with a ``Response``, or with a callable ``() -> Response`` that
-    is run on a worker. The work holds its slot until it is answered."""
+    """``inline``: ``handler(request) -> Response``, cheap and never blocking, answered on the
+    loop at once. Otherwise it is work: ``handler`` is a coroutine function
+    (``async handler(request) -> Response``) awaited on the loop; it holds a slot until it is
+    answered, and must start within ``start_within(request)`` seconds of arriving or be answered
+    ``overloaded(request)`` instead."""
 
-    handler: Callable[[Request], Response]
+    handler: Callable[[Request], object]
     inline: bool = False
     start_within: Callable[[Request], float] = lambda request: 5.0
     overloaded: Callable[[Request], Response] = lambda request: Response(
-        503, "text/plain; charset=utf-8", b"overloaded: no worker free in time\n")
-    on_loop: Callable[[Request, Callable[[object], None]], None] | None = None
+        503, "text/plain; charset=utf-8", b"overloaded: no slot free in time\n")
 
 
 def plain(status: int, text: str) -> Response:

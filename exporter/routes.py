@@ -1,8 +1,9 @@
 """The exporter's routes in one table: a path, its handler, and how it waits for a worker.
 
 To add a route, add a row to ``routes()``: a handler ``Request -> Response``, ``inline`` when
-it never blocks, else it runs on a probe worker under the same limit (or starts on the loop:
-``on_loop``, as ``/probe`` does).
+it is cheap and never blocks, else a coroutine function awaited on the loop under the same limit
+as probes (``max_concurrent_probes``). Work that truly blocks goes to a bounded executor
+(``forensics.BLOCKING``), never the loop.
 """
 from __future__ import annotations
 
@@ -30,19 +31,19 @@ def index(request: Request) -> Response:
 
 def health_route(endpoint: str, config: ExporterConfig, checks, guard=None) -> Route:
     """``/livez`` or ``/readyz``: one bounded check per target, shared by concurrent callers.
-    Overloaded (no worker free at once), liveness says alive — a restart needs proof of a hang —
+    Overloaded (no slot free in time), liveness says alive — a restart needs proof of a hang —
     and readiness says not ready."""
     captures = LivezCaptures(config, guard) if endpoint == "livez" and guard is not None else None
 
-    def handler(request: Request) -> Response:
-        answer = answer_health(endpoint, request.query, config, checks)
+    async def handler(request: Request) -> Response:
+        answer = await answer_health(endpoint, request.query, config, checks)
         if captures is not None:  # the stacks at the first 503 (docs/kubernetes.md)
             captures.seen(request.query, answer[0])
         return Response(*answer)
 
     def overloaded(request: Request) -> Response:
         code = 200 if endpoint == "livez" else 503
-        return Response(code, TEXT, b"overloaded: no worker free to check; not a verdict on the target\n")
+        return Response(code, TEXT, b"overloaded: no slot free to check; not a verdict on the target\n")
     return Route(handler, start_within=lambda request: config.liveness_budget / 4, overloaded=overloaded)
 
 
@@ -51,8 +52,7 @@ def routes(config: ExporterConfig, prober: Prober) -> dict[str, Route]:
     guard = capture_guard(config) if config.forensics.enabled else None  # one per exporter: every capture's
     extra = {"/forensics": forensics_route(config, guard)} if guard is not None else {}
     return extra | {
-        "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded,
-                        on_loop=prober.on_loop),
+        "/probe": Route(prober.route, start_within=prober.start_within, overloaded=prober.overloaded),
         "/livez": health_route("livez", config, checks, guard),
         "/readyz": health_route("readyz", config, checks),
         "/metrics": Route(own_metrics, inline=True),

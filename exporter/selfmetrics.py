@@ -45,7 +45,7 @@ class _ServerCollector:
                                 value=sum(s.connections_open for s in stats))
         yield GaugeMetricFamily("hangwatch_exporter_probes_running", "Probes being answered now.",
                                 value=sum(s.work_running for s in stats))
-        yield GaugeMetricFamily("hangwatch_exporter_probes_waiting", "Probes waiting for a free worker.",
+        yield GaugeMetricFamily("hangwatch_exporter_probes_waiting", "Probes waiting for a free slot.",
                                 value=sum(s.work_waiting for s in stats))
         dropped = CounterMetricFamily(
             "hangwatch_exporter_connections_dropped",

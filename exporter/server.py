@@ -6,8 +6,9 @@ outside the allowlist 403, a failing target still 200 with ``hangwatch_up 0``. `
 sends requests wherever it is told, so it is no open relay: every query goes through
 ``query.asked``, a query may narrow what the config allows, never widen it, an API key goes
 only to the URLs the config lists, and listening beyond loopback needs ``allow_targets`` or
-``allow_any_target: true`` (exit 64 at start-up otherwise). One event loop serves every
-connection (``httpserver.BoundedHTTPServer``) with at most ``max_concurrent_probes`` at once.
+``allow_any_target: true`` (exit 64 at start-up otherwise). One event loop (uvloop where it
+installs; ``HANGWATCH_LOOP=asyncio|uvloop`` chooses) serves every connection and awaits every
+probe and check (``httpserver.BoundedHTTPServer``), at most ``max_concurrent_probes`` at once.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from hangwatch.settings import EXIT_CONFIG, ConfigError, listen_address
 from . import selfmetrics
 from .config import ExporterConfig, load_exporter_config
 from .fds import raise_fd_limit
-from .httpserver import BoundedHTTPServer
+from .httpserver import BoundedHTTPServer, new_event_loop
 from .prober import Prober
 from .routes import routes
 
@@ -60,11 +61,20 @@ def check_exposure(listen: str, config: ExporterConfig) -> None:
             "anyone who reaches it sends; list the backends in allow_targets, or set allow_any_target: true")
 
 
+def check_loop() -> None:
+    """The loop ``HANGWATCH_LOOP`` names must exist here (uvloop may not be installed)."""
+    try:
+        new_event_loop().close()
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"{exc}" if isinstance(exc, ValueError) else f"HANGWATCH_LOOP=uvloop: {exc}") from None
+
+
 def main(args) -> int:
     try:
         logs.setup(logs.resolve_level(getattr(args, "log_level", None)), getattr(args, "log_format", "text"))
         config = load_exporter_config(args.config)
         check_exposure(args.listen, config)
+        check_loop()
         raise_fd_limit(config)
         server = make_server(args.listen, config)
     except ConfigError as exc:
@@ -122,15 +132,16 @@ def serve_until_signalled(server: BoundedHTTPServer, announce: Callable[[], None
     if signalled:
         log.info("stopping (signal)")
     server.shutdown()
-    abandoned = server.stats.work_running
+    abandoned = server.abandoned  # cancelled when the loop stopped
     server.server_close()
     if failed:
         log.error("the server loop ended on its own; exiting 1")
         return 1
     log.info("exporter stopped%s", f"; abandoned {abandoned} probe(s) in progress" if abandoned else "")
     if abandoned and in_main:
-        # The probe threads are the executor's, which the interpreter joins at exit: up to a scrape
-        # budget for a stalled backend. Nothing they hold needs closing (sockets die with us).
+        # Work cut off may have left a thread behind (a /forensics capture on BLOCKING, a name
+        # being resolved), which the interpreter would join at exit: up to a deadline. Nothing
+        # it holds needs closing (sockets die with us).
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,6 +1,6 @@
 """Idle keep-alive connections, kept per origin and handed out again: the exporter reads the same
 backends every scrape, and a new connection per reading costs a handshake and a socket. One pool
-for every client (``hangwatch.client.Client``, and the exporter's ``LoopClient`` until it goes),
+for every client (``hangwatch.client.Client``, the exporter's included),
 so the rules (a connection the server closed is never handed out; at most ``max_idle`` in all, the
 least recently used origin giving one up first) are written once.
 """

@@ -5,6 +5,7 @@ the only work slot. Each must cost the attacker's own connection at most.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import resource
@@ -211,9 +212,9 @@ def test_a_full_table_makes_room_from_the_address_holding_most(caplog):
     """Small and exact: one address fills the table with requests in flight (nothing idle, so
     nothing was evictable on main and every newcomer was refused); its own next connection is
     refused, another address's connections are answered, each one taking a connection from it."""
-    def never(request, reply):
-        pass  # work that holds its connection busy for good
-    routes = {"/hold": Route(lambda request: None, on_loop=never, start_within=lambda request: 60.0),
+    async def never(request):
+        await asyncio.Event().wait()  # work that holds its connection busy for good
+    routes = {"/hold": Route(never, start_within=lambda request: 60.0),
               "/ok": Route(lambda request: Response(200, "text/plain", b"ok\n"), inline=True)}
     server = BoundedHTTPServer(("127.0.0.1", 0), routes, max_connections=16)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -291,8 +292,8 @@ def test_twenty_thousand_distinct_heads_do_not_grow_memory():
 def test_only_heads_answered_200_are_kept_and_only_so_many_bytes(monkeypatch):
     """Prometheus' same head every scrape is parsed once; a head on an unknown path or refused
     by its route is never kept, and all kept heads fit KEPT_HEADS_BYTES."""
-    from hangwatch.exporter import httpserver
-    monkeypatch.setattr(httpserver, "KEPT_HEADS_BYTES", 20 * (100 + httpserver.KEPT_HEAD_OVERHEAD))
+    from hangwatch.exporter import admission
+    monkeypatch.setattr(admission, "KEPT_HEADS_BYTES", 20 * (100 + admission.KEPT_HEAD_OVERHEAD))
     routes = {"/ok": Route(lambda request: Response(200 if request.query != "bad" else 400, "text/plain", b".\n"),
                            inline=True)}
     server = BoundedHTTPServer(("127.0.0.1", 0), routes)
@@ -304,9 +305,9 @@ def test_only_heads_answered_200_are_kept_and_only_so_many_bytes(monkeypatch):
         heads += ["GET /ok?bad HTTP/1.1\r\nHost: x\r\n\r\n"]
         answer = exchange(port, "".join(heads).encode())
         assert len(statuses(answer)) == len(heads)
-        kept = list(server.kept_heads)
+        kept = list(server.admission.heads.kept)
         assert kept and all(head.startswith(b"GET /ok?0") for head in kept), kept[:3]
-        assert 0 < server.kept_heads_bytes <= httpserver.KEPT_HEADS_BYTES
+        assert 0 < server.admission.heads.bytes <= admission.KEPT_HEADS_BYTES
         assert kept[-1].startswith(b"GET /ok?0099")  # the newest stay, the oldest went
     finally:
         server.shutdown()

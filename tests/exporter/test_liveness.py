@@ -6,6 +6,7 @@ request to a backend with work in flight; concurrent calls for one target sharin
 (counted by the simulator, which counts every inference request it receives); and the same
 target validation and allowlist as /probe.
 """
+import asyncio
 import json
 import threading
 import time
@@ -142,28 +143,52 @@ def test_concurrent_calls_for_one_target_share_one_check(exporter, sim):
 
 
 def test_shared_check_that_overruns_answers_at_its_deadline_and_is_never_doubled():
-    release, calls = threading.Event(), []
+    async def scenario():
+        release, calls = asyncio.Event(), []
 
-    def run(target, module, options):
-        calls.append(target)
-        release.wait(10)
-        return None
+        async def run(target, module, options):
+            calls.append(target)
+            await asyncio.wait_for(release.wait(), 10)
+            return None
 
-    checks = SharedChecks(run, budget=0.3)
-    started = time.monotonic()
-    assert checks.result("http://a:1", "backend") == (None, False)
-    waited = time.monotonic() - started
-    assert 0.25 < waited < 5.0  # its budget, not the 10 s the check is held
-    late = time.monotonic()
-    assert checks.result("http://a:1", "backend") == (None, True)  # still running: no second check
-    assert time.monotonic() - late < 5.0 and len(calls) == 1
-    assert liveness(None).ok and not readiness(None).ok
-    release.set()
-    deadline = time.monotonic() + 5
-    while checks.result("http://a:1", "backend")[1] and time.monotonic() < deadline:
-        pass
-    assert len(calls) == 2  # a new check once the overrunning one ended
-    release.set()
+        checks = SharedChecks(run, budget=0.3)
+        started = time.monotonic()
+        assert await checks.result("http://a:1", "backend") == (None, False)
+        waited = time.monotonic() - started
+        assert 0.25 < waited < 5.0  # its budget, not the 10 s the check is held
+        late = time.monotonic()
+        assert await checks.result("http://a:1", "backend") == (None, True)  # still running: no second check
+        assert time.monotonic() - late < 5.0 and len(calls) == 1
+        assert liveness(None).ok and not readiness(None).ok
+        release.set()
+        deadline = time.monotonic() + 5
+        while (await checks.result("http://a:1", "backend"))[1] and time.monotonic() < deadline:
+            await asyncio.sleep(0)
+        assert len(calls) == 2  # a new check once the overrunning one ended
+        release.set()
+    asyncio.run(scenario())
+
+
+def test_concurrent_callers_share_one_check_task_and_no_thread():
+    """/livez and /readyz callers await one task on the loop: no thread per check."""
+    async def scenario():
+        release, calls = asyncio.Event(), []
+
+        async def run(target, module, options):
+            calls.append(target)
+            await release.wait()
+            return "outcome"
+
+        checks = SharedChecks(run, budget=5.0)
+        before = threading.active_count()
+        callers = [asyncio.ensure_future(checks.result("http://a:1", "backend")) for _ in range(8)]
+        await asyncio.sleep(0.05)
+        assert threading.active_count() == before and len(calls) == 1
+        release.set()
+        answers = await asyncio.gather(*callers)
+        assert sorted(shared for _, shared in answers) == [False] + [True] * 7
+        assert all(outcome == "outcome" for outcome, _ in answers)
+    asyncio.run(scenario())
 
 
 # -- the budget ----------------------------------------------------------------------------------

@@ -337,12 +337,12 @@ def test_the_loop_pool_shrinks_to_what_the_descriptor_limit_leaves(monkeypatch):
     from hangwatch.exporter import fds
     config = ExporterConfig()
     monkeypatch.setattr(resource, "getrlimit", lambda which: (100000, 100000))
-    assert fds.loop_pool_size(config) == fds.LOOP_IDLE_CONNECTIONS
+    assert fds.pool_size(config) == fds.IDLE_CONNECTIONS
     monkeypatch.setattr(resource, "getrlimit", lambda which: (2000, 2000))
-    room = 2000 - fds.fds_besides_the_loop_pool(config)
-    assert 0 < fds.loop_pool_size(config) == room < fds.LOOP_IDLE_CONNECTIONS
+    room = 2000 - fds.fds_besides_the_pool(config)
+    assert 0 < fds.pool_size(config) == room < fds.IDLE_CONNECTIONS
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, 1024))
-    assert fds.loop_pool_size(config) == 0
+    assert fds.pool_size(config) == 0
 
 
 def test_a_client_that_pipelines_then_half_closes_gets_every_answer(exporter_with):

@@ -8,6 +8,7 @@ families and ``generate_latest`` for the same series.
 """
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import urlencode
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -28,7 +29,7 @@ def probe_text(observation: Observation, module: str, duration: float = 0.01, ve
 def scrape(url: str, module: str = "backend", budget: float = 10.0, config: ExporterConfig | None = None) -> bytes:
     """One /probe answer's body for ``url``, from a fresh ``Prober`` (nothing reused)."""
     config = config or ExporterConfig(timeout=budget)
-    code, _, body = Prober(config).answer(urlencode({"target": url, "module": module}), None)
+    code, _, body = asyncio.run(Prober(config).answer(urlencode({"target": url, "module": module}), None))
     assert code == 200, (code, body)
     return body
 
