@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """CPU per request of the HTTP client: keep-alive and fresh connections, on stock asyncio and on
-uvloop, beside the thread client (``fetch.Client``) while it exists.
+uvloop (the thread client it replaced, ``fetch.Client``, measured in bench/RESULTS-client.md).
 
     flock /work/heavy.lock python bench/bench_client.py [--requests 2000] [--rounds 3]
 
@@ -48,18 +48,6 @@ def cpu() -> float:
     return time.process_time()
 
 
-def thread_client(url: str, n: int, keep: bool) -> float:
-    from hangwatch.fetch import Client as ThreadClient  # goes with fetch.py
-    client = ThreadClient(max_idle=64 if keep else 0)
-    client.request("GET", url, deadline=Deadline.after(5))
-    started = cpu()
-    for _ in range(n):
-        assert client.request("GET", url, deadline=Deadline.after(5)).status == "ok"
-    used = cpu() - started
-    client.close()
-    return used
-
-
 async def loop_client(url: str, n: int, keep: bool) -> float:
     client = Client(max_idle=64 if keep else 0)
     await client.request("GET", url, deadline=Deadline.after(5))
@@ -73,9 +61,7 @@ async def loop_client(url: str, n: int, keep: bool) -> float:
 
 def measure(kind: str, url: str, n: int, keep: bool) -> float:
     """µs of CPU per request."""
-    if kind == "threads (fetch.Client)":
-        used = thread_client(url, n, keep)
-    elif kind == "asyncio":
+    if kind == "asyncio":
         used = asyncio.run(loop_client(url, n, keep))
     else:
         import uvloop
@@ -95,11 +81,7 @@ def main() -> int:
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(PAGE)], stdout=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{int(server.stdout.readline())}/metrics"
-        kinds = ["threads (fetch.Client)", "asyncio", "uvloop"]
-        try:
-            import hangwatch.fetch  # noqa: F401
-        except ImportError:
-            kinds.pop(0)
+        kinds = ["asyncio", "uvloop"]
         results = {(kind, keep): [] for kind in kinds for keep in (True, False)}
         for _ in range(args.rounds):  # rounds interleaved: a noisy minute hits every client alike
             for kind, keep in results:

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from hangwatch.client import Client
 from hangwatch.deadline import Deadline
+from hangwatch.models_memo import ModelMemo
 from hangwatch.modules import MODULES
 
 from .collector import BackendCollector, render_series
@@ -49,6 +50,7 @@ class Prober:
         self.config = config
         self.client = Client(max_idle=pool_size(config))  # any loop may use it: made before one runs
         self.versions = VersionCache()
+        self.models = ModelMemo()  # the idle probe's model per target and process start
         self.queries = QueryCache(config)
 
     def asked(self, query: str) -> Asked | tuple[int, str, bytes]:
@@ -71,7 +73,8 @@ class Prober:
         collector = self.collector(asked, timeout_header, waited)
         started = time.monotonic()
         deadline = Deadline.after(collector.budget)
-        observation = await MODULES[module].observe(self.client, target, deadline, collector.options)
+        observation = await MODULES[module].observe(self.client, target, deadline, collector.options,
+                                                    known=self.models)
         body = render_series(await collector.series(observation, started, deadline))
         _log_probe(target, module, collector.last_observation, time.monotonic() - started)
         return 200, CONTENT_TYPE_LATEST, body

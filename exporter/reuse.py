@@ -6,7 +6,7 @@ version only labels ``hangwatch_backend_info``. ``VersionCache``: the engine's v
 (``/version``) per target and process start time. A process cannot change its version without
 restarting, and a restart changes ``process_start_time_seconds``, so a cached version is never
 stale; a page without a start time (multiprocess mode) is asked every time it answers. At most
-``VERSIONS`` entries. (Idle keep-alive connections to the backends are ``hangwatch.fetch.Client``'s.)
+``VERSIONS`` entries. (Idle keep-alive connections to the backends are ``hangwatch.client.Client``'s.)
 
 A version that could not be read (no answer, an error, an empty or non-JSON body) is asked again
 with back-off — ``RETRY_FIRST_S`` doubling to ``RETRY_MAX_S`` per target, engine and process —

@@ -1,8 +1,7 @@
 """The one wall-clock moment a whole reading must be done by.
 
-A leaf of the core: the fetcher, the connector and every face share one ``Deadline`` type, and
-it lives beside none of them, so the connector need not reach back into the fetcher that calls it
-(the ``connect``↔``fetch`` circle of issue 34).
+A leaf of the core: the client and every face share one ``Deadline`` type, and it lives beside
+none of them (it once cut the ``connect``↔``fetch`` circle of issue 34).
 """
 from __future__ import annotations
 

@@ -13,10 +13,12 @@ from typing import Awaitable, Callable
 from . import fastchat
 from .client import Client
 from .deadline import Deadline
+from .models_memo import ModelMemo
 from .observation import Observation, Options
 from .observe import observe_backend, observe_proxy
 
-# An observer: async (client, url, deadline, options, *, clock) -> Observation
+# An observer: async (client, url, deadline, options, *, clock, known) -> Observation; ``known``: a
+# ``ModelMemo`` the caller keeps between observations (the exporter), or None (ask every time).
 Observer = Callable[..., Awaitable[Observation]]
 
 
@@ -51,7 +53,7 @@ def module(name: str) -> Module:
 
 
 async def observe(name: str, client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-                  clock=None) -> Observation:
+                  clock=None, known: ModelMemo | None = None) -> Observation:
     """One observation of ``url`` with the module ``name``."""
     kwargs = {} if clock is None else {"clock": clock}
-    return await module(name).observe(client, url, deadline, options, **kwargs)
+    return await module(name).observe(client, url, deadline, options, known=known, **kwargs)

@@ -1,6 +1,6 @@
 """What one look at a target found: plain data shared by the observers, the verdict and the faces.
 
-Kept apart from the code that does the looking (``observe``, ``fetch``) so that the verdict —
+Kept apart from the code that does the looking (``observe``, ``client``) so that the verdict —
 a pure function over observations — imports no network code, and so that tests can build
 observations directly from the truth-table scenarios.
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .reading import Reading
 
-# How a request ended (``fetch.Fetched.status``) and how a target answered (``Observation.status``):
+# How a request ended (``client.Fetched.status``) and how a target answered (``Observation.status``):
 # one set of names for both. A fetch ends OK, REFUSED, UNREACHABLE, TIMEOUT, HTTP_ERROR, TOO_LARGE
 # or BROKEN; an observation is OK, BLIND, REFUSED, UNREACHABLE or TIMEOUT (``observe.not_answered``).
 OK, REFUSED, UNREACHABLE, TIMEOUT = "ok", "refused", "unreachable", "timeout"

@@ -12,11 +12,13 @@ import asyncio
 import json
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Awaitable, Callable
 
 from .client import Client, Fetched
 from .deadline import Deadline
 from .engines import ENGINES_BY_NAME
+from .models_memo import ModelMemo
 from .observation import (
     BLIND,
     BROKEN,
@@ -36,7 +38,8 @@ from .verdict import progress, same_process
 
 # A load reader: (client, url, deadline, options, taken_at) -> Observation (OK with a reading, or not).
 LoadReader = Callable[[Client, str, Deadline, Options, float], Awaitable[Observation]]
-# A prober: (client, url, deadline, options) -> ProbeResult.
+# A prober: (client, url, deadline, options) -> ProbeResult; given ``known`` (a ModelMemo) and
+# ``started`` (the idle process's start time) as keywords when the observer has a memo.
 Prober = Callable[[Client, str, Deadline, Options], Awaitable[ProbeResult]]
 
 _NOT_ANSWERED = (REFUSED, UNREACHABLE, TIMEOUT, BROKEN)
@@ -64,13 +67,13 @@ IDLE_CONFIRM_S = 0.25
 
 
 async def observe_load(client: Client, url: str, deadline: Deadline, options: Options, *,
-                 read: LoadReader, probe: Prober, clock: Callable[[], float] = time.monotonic,
-                 first: Observation | None = None) -> Observation:
+                       read: LoadReader, probe: Prober, clock: Callable[[], float] = time.monotonic,
+                       known: ModelMemo | None = None) -> Observation:
     """Read the load; probe only when two readings ``IDLE_CONFIRM_S`` apart show nothing in
-    flight and no engine work between them (the rule, once). ``first``: the first reading, when
-    the caller has taken it already (the exporter's loop)."""
+    flight and no engine work between them (the rule, once). ``known``: the probe's models
+    remembered per process (``ModelMemo``), handed to the prober with the idle process's start."""
     url = url.rstrip("/")
-    observation = first if first is not None else await read(client, url, deadline, options, clock())
+    observation = await read(client, url, deadline, options, clock())
     if not probe_due(observation, options):
         return observation
     wait = min(IDLE_CONFIRM_S, max(0.0, deadline.left() / 4))
@@ -82,6 +85,8 @@ async def observe_load(client: Client, url: str, deadline: Deadline, options: Op
     if moved:
         return replace(again, detail=f"nothing in flight, and the engine worked in the last {wait:.2f}s "
                                      f"({', '.join(moved)} moved): not probed")
+    if known is not None:
+        probe = partial(probe, known=known, started=again.reading.process_start)
     return replace(again, probe=await probe(client, url, deadline, options))
 
 
@@ -107,7 +112,7 @@ async def read_metrics(client: Client, url: str, deadline: Deadline, options: Op
 
 
 def metrics_observation(taken_at: float, fetched: Fetched, options: Options) -> Observation:
-    """What a fetched /metrics page says (the exporter also fetches it on its loop: ``loopfetch``)."""
+    """What a fetched /metrics page says."""
     failed = not_answered(taken_at, fetched, "/metrics", named=False)
     if failed is not None:
         return failed
@@ -144,17 +149,20 @@ async def engine_version(client: Client, url: str, engine: str, deadline: Deadli
 
 
 async def observe_backend(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-                    clock: Callable[[], float] = time.monotonic, first: Observation | None = None) -> Observation:
-    """An engine: its /metrics, and the idle probe when due. ``first``: its /metrics reading when
-    the caller has taken it already (the exporter's loop). Its version is ``engine_version``'s:
-    the exporter asks it once per process, not per reading."""
+                          clock: Callable[[], float] = time.monotonic,
+                          known: ModelMemo | None = None) -> Observation:
+    """An engine: its /metrics, and the idle probe when due. ``known``: the probe's models
+    remembered per process, kept by a caller that observes again (the exporter); None asks
+    /v1/models before every probe. Its version is ``engine_version``'s: the exporter asks it
+    once per process, not per reading."""
     return await observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock,
-                        first=first)
+                              known=known)
 
 
 async def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-                  clock: Callable[[], float] = time.monotonic) -> Observation:
-    """A proxy is asked only for /v1/models: its /metrics would mix many backends."""
+                        clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None) -> Observation:
+    """A proxy is asked only for /v1/models: its /metrics would mix many backends (``known``:
+    unused, every observer takes it)."""
     taken_at = clock()
     fetched = await client.request("GET", url.rstrip("/") + "/v1/models", deadline=deadline, max_bytes=1 << 20,
                              headers=options.auth_headers())

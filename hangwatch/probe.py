@@ -12,6 +12,7 @@ import json
 
 from .client import Client, Fetched
 from .deadline import Deadline
+from .models_memo import ModelMemo
 from .observation import (
     HTTP_ERROR,
     OK,
@@ -87,25 +88,43 @@ async def first_model(client: Client, base_url: str, deadline: Deadline,
     return models[0], None
 
 
-async def send_probe(client: Client, base_url: str, deadline: Deadline, options: Options = Options()) -> ProbeResult:
-    """Ask the idle engine for one token (or one embedding) before ``deadline``."""
-    model, ended = await first_model(client, base_url, deadline, options)
+async def send_probe(client: Client, base_url: str, deadline: Deadline, options: Options = Options(), *,
+                     known: ModelMemo | None = None, started: float | None = None) -> ProbeResult:
+    """Ask the idle engine for one token (or one embedding) before ``deadline``. ``known``: the
+    models remembered per process (``started``: this process's start time); without it the
+    model is asked from /v1/models every time (the CLI's one-off check)."""
+    model = known.model(base_url, started) if known is not None else None
     if model is None:
-        return ended
+        model, ended = await first_model(client, base_url, deadline, options)
+        if model is None:
+            return ended
+        if known is not None:
+            known.remember(base_url, started, model)
+    unknown = False  # the server said the model does not exist
     if options.probe == PROBE_EMBEDDING:
-        return await _embedding(client, base_url, deadline, options, model)
-    body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-    fetched = await client.request("POST", base_url + "/v1/completions", deadline=deadline, max_bytes=MAX_ANSWER,
-                             json=body, headers=options.auth_headers())
-    result = _result(fetched, "1-token completion", PROBE_COMPLETION, model, bool(options.api_key))
-    if options.probe == PROBE_AUTO and result.rejected and fetched.http_status in _NO_SUCH_ROUTE:
-        return await _embedding(client, base_url, deadline, options, model)  # a pooling model (vLLM: 404)
+        fetched, result = await _embedding(client, base_url, deadline, options, model)
+    else:
+        body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        fetched = await client.request("POST", base_url + "/v1/completions", deadline=deadline,
+                                       max_bytes=MAX_ANSWER, json=body, headers=options.auth_headers())
+        result = _result(fetched, "1-token completion", PROBE_COMPLETION, model, bool(options.api_key))
+        if options.probe == PROBE_AUTO and result.rejected and fetched.http_status in _NO_SUCH_ROUTE:
+            unknown = no_such_model(fetched)
+            fetched, result = await _embedding(client, base_url, deadline, options, model)  # pooling (vLLM: 404)
+    if known is not None and (unknown or no_such_model(fetched)):
+        known.forget(base_url)  # remembered wrongly, or the server dropped it: ask next time
     return result
 
 
-async def _embedding(client: Client, base_url: str, deadline: Deadline, options: Options, model: str) -> ProbeResult:
+def no_such_model(fetched: Fetched) -> bool:
+    """The server answered that the model named does not exist (vLLM: 404, "The model `x` does
+    not exist."), not that the route does not (a pooling model's 404 ``{"detail":"Not Found"}``)."""
+    return fetched.http_status == 404 and b"does not exist" in fetched.body
+
+
+async def _embedding(client: Client, base_url: str, deadline: Deadline, options: Options,
+                     model: str) -> tuple[Fetched, ProbeResult]:
     body = {"model": model, "input": "ping"}
     fetched = await client.request("POST", base_url + "/v1/embeddings", deadline=deadline, max_bytes=MAX_ANSWER,
-                             json=body, headers=options.auth_headers())
-    return _result(fetched, "1-input embedding", PROBE_EMBEDDING, model, bool(options.api_key))
-
+                                   json=body, headers=options.auth_headers())
+    return fetched, _result(fetched, "1-input embedding", PROBE_EMBEDDING, model, bool(options.api_key))

@@ -9,8 +9,11 @@ the verdict reports as ``blind``; it never guesses.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from .engines import COUNTER_FIELDS, ENGINES_BY_NAME, EngineMetrics, detect_engine
@@ -206,12 +209,7 @@ def wanted_lines(page: str | bytes, plan: "_Plan") -> list[str]:
     exactly as decoding the whole page would give it (a newline is never part of a UTF-8
     sequence, so an undecodable byte cannot move a line's start or end)."""
     if isinstance(page, bytes):
-        found = [line[1:].decode("utf-8", "replace") for line in plan.byte_lines.findall(page)]
-        end = page.find(b"\n")
-        first = page if end == -1 else page[:end]
-        if plan.byte_lines.match(b"\n" + first):  # the first line has no newline before it
-            found.insert(0, first.decode("utf-8", "replace"))
-        return found
+        return [line.decode("utf-8", "replace") for line in _raw_wanted_lines(page, plan)]
     found = [match.group()[1:] for match in plan.lines.finditer(page)]
     if page.startswith(plan.prefixes):  # the first line has no newline before it
         end = page.find("\n")
@@ -221,7 +219,24 @@ def wanted_lines(page: str | bytes, plan: "_Plan") -> list[str]:
     return found
 
 
+def _raw_wanted_lines(page: bytes, plan: "_Plan") -> list[bytes]:
+    found = [line[1:] for line in plan.byte_lines.findall(page)]
+    end = page.find(b"\n")
+    first = page if end == -1 else page[:end]
+    if plan.byte_lines.match(b"\n" + first):  # the first line has no newline before it
+        found.insert(0, first)
+    return found
+
+
 _PLANS = {name: _plan_for(engine) for name, engine in ENGINES_BY_NAME.items()}
+
+# An idle engine's wanted lines are the same at both readings of an idle check and from scrape
+# to scrape, so the Reading made from them is kept (by a digest of the lines, per engine) and
+# given again; only a Reading that depended on nothing but its lines is kept. At most this
+# many, the least recently used going first (one per backend of a large idle fleet).
+READINGS_KEPT = 1024
+_made: OrderedDict[tuple[str, bytes], "Reading"] = OrderedDict()
+_made_lock = threading.Lock()  # the webhook reads on its own thread
 
 
 def _number(text: str, name: str) -> float:
@@ -276,12 +291,34 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
     plan = _PLANS[spec.name]
     if not _last_line_complete(page):
         raise UnreadablePage("page is truncated (its last line is cut off)")
+    if not isinstance(page, bytes):
+        return _read(page, spec, plan, wanted_lines(page, plan))[0]
+    raw = _raw_wanted_lines(page, plan)
+    key = (spec.name, hashlib.blake2b(b"\n".join(raw), digest_size=16).digest())
+    with _made_lock:
+        made = _made.get(key)
+        if made is not None:
+            _made.move_to_end(key)
+            return made
+    reading, by_lines_alone = _read(page, spec, plan, [line.decode("utf-8", "replace") for line in raw])
+    if by_lines_alone:
+        with _made_lock:
+            _made[key] = reading
+            while len(_made) > READINGS_KEPT:
+                _made.popitem(last=False)
+    return reading
+
+
+def _read(page: str | bytes, spec: EngineMetrics, plan: _Plan, lines: list[str]) -> tuple[Reading, bool]:
+    """The Reading from the wanted ``lines``, and whether it depended on them alone (not on
+    the rest of ``page``: a family declared with no sample yet)."""
+    looked_beyond = False
     samples: dict[tuple[str, str], float] = {}  # (field, sample name) -> sum over label sets
     seen: set[tuple[str, str]] = set()
     models: dict[str, None] = {}  # an ordered set: membership is O(1)
     asleep = False
     # Only the ~40 wanted lines are looked at in Python (``wanted_lines``).
-    for line in wanted_lines(page, plan):
+    for line in lines:
         name, labels, value_text = _split_sample(line)
         fields = plan.fields_of.get(name)
         if fields is None:
@@ -312,10 +349,12 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
                     models.setdefault(model[:MAX_MODEL_NAME])
 
     def pick(field_name: str) -> float | None:
+        nonlocal looked_beyond
         for sample_name in plan.preference.get(field_name, ()):
             if (field_name, sample_name) in samples:
                 return samples[(field_name, sample_name)]
         for family in plan.declared_zero.get(field_name, ()):
+            looked_beyond = True
             if _declared(page, family):
                 return 0.0  # multiprocess start-up: declared, no sample yet
         if field_name in spec.absent_is_zero:
@@ -346,5 +385,5 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
         models=tuple(models),  # at most MAX_MODELS names of at most MAX_MODEL_NAME characters
         asleep=asleep,
         deferred=pick("deferred") if spec.deferred else None,
-    )
+    ), not looked_beyond
 

@@ -102,6 +102,29 @@ def test_a_hangwatch_scrape_of_an_idle_backend_sends_the_probe_that_reaches_the_
         exporter.stop()
 
 
+def test_the_exporter_asks_v1_models_once_per_process_so_an_idle_scrape_is_three_requests(idle_fleet, tmp_path):
+    """The model the idle probe names is kept per target and process start (``ModelMemo``): the
+    first scrape of an idle backend asks /v1/models, the next ones send only the two readings and
+    the probe — counted where they arrive, at the fleet."""
+    exporter = Exporter(tmp_path)
+    path = probe_paths(idle_fleet.urls()[2:3], "hangwatch", "idle")[0]
+    try:
+        def grown(before: dict) -> dict:
+            after = idle_fleet.stats()["paths"]
+            return {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
+
+        before = idle_fleet.stats()["paths"]
+        assert expected("hangwatch", "idle").decode() in scrape(exporter, path)
+        first = grown(before)
+        assert first.get("GET /v1/models") == 1 and first.get("POST /v1/completions") == 1, first
+        for _ in range(2):
+            before = idle_fleet.stats()["paths"]
+            assert expected("hangwatch", "idle").decode() in scrape(exporter, path)
+            assert grown(before) == {"GET /metrics": 2, "POST /v1/completions": 1}
+    finally:
+        exporter.stop()
+
+
 @pytest.mark.skip_allowed("blackbox_exporter is an optional benchmark tool; the tests above need nothing")
 @pytest.mark.skipif(not (shutil.which(BLACKBOX) or shutil.which("blackbox_exporter")),
                     reason="blackbox_exporter is not installed")

@@ -6,7 +6,7 @@ Every import counts, at module level, inside functions and under ``TYPE_CHECKING
 import is still a reference back). The graph is built from the source with ``ast``, module by
 module as pyproject's package-dir maps them, so nothing is imported to find it.
 
-None is allowed: the last three (``connect``↔``fetch``, ``httpconn``↔``httpserver``,
+None is allowed: the last three (from before issue 34's transport, whose modules are gone) (``connect``↔``fetch``, ``httpconn``↔``httpserver``,
 ``loopfetch``↔``loopget``) were cut where the child held a reference to its parent (``Deadline``
 in its own core leaf, an admission leaf naming what a connection asks of its server, a loop GET
 passed what it needs instead of its client).

@@ -1,5 +1,5 @@
 """What the exporter keeps between scrapes makes them cheaper and never changes a reading:
-the engine's version per process start (idle connections are hangwatch.fetch.Client's)."""
+the engine's version per process start (idle connections are hangwatch.client.Client's)."""
 from __future__ import annotations
 
 from hangwatch.exporter.reuse import VersionCache
