@@ -26,6 +26,7 @@ from .answer import ENDINGS, MAX_ERROR_BODY, MAX_PAGE_BYTES, USER_AGENT, Answer,
 from .connect import short_error, shown_host, tls_context
 from .deadline import Deadline
 from .idlepool import IdlePool
+from .streamwire import StreamWire, streams_on
 
 __all__ = ["ENDINGS", "MAX_ERROR_BODY", "MAX_PAGE_BYTES", "USER_AGENT", "Client", "Fetched", "ended"]
 
@@ -131,7 +132,7 @@ class Client:
     (the User-Agent always; an API key only where the caller passes it)."""
 
     def __init__(self, max_idle: int = 64):
-        self.idle: IdlePool[_Wire] = IdlePool(max_idle, usable=_Wire.usable, close=_Wire.close)
+        self.idle: IdlePool[_Wire | StreamWire] = IdlePool(max_idle, usable=_usable, close=_close)
 
     def close(self) -> None:
         self.idle.close()
@@ -220,7 +221,15 @@ class Client:
         return ended("ok", started, http_status=status, body=body, content_type=answer.content_type)
 
 
-async def _connect(loop, state: _Request, scheme: str, host: str, port: int) -> _Wire:
+def _usable(wire) -> bool:
+    return wire.usable()
+
+
+def _close(wire) -> None:
+    wire.close()
+
+
+async def _connect(loop, state: _Request, scheme: str, host: str, port: int) -> _Wire | StreamWire:
     """A connection to ``host:port``: resolved (an address literal needs no lookup), then each
     address tried in turn; the last one's error is the request's."""
     try:
@@ -243,6 +252,13 @@ async def _connect(loop, state: _Request, scheme: str, host: str, port: int) -> 
         except BaseException:
             sock.close()
             raise
+        if scheme == "http" and streams_on(loop):
+            try:
+                wire = state.wire = await StreamWire.over(loop, sock)
+            except BaseException:
+                sock.close()
+                raise
+            return wire
         wire = _Wire(sock)
         state.wire = wire
         if scheme == "https":
