@@ -16,6 +16,8 @@ import socket
 import threading
 from typing import Mapping
 
+from hangwatch.streamwire import own_connections
+
 from .admission import Admission, ServerStats
 from .httpprotocol import Connection, log_failure
 from .httpwire import Request, Response, Route, plain
@@ -94,6 +96,7 @@ class BoundedHTTPServer:
         self._stopped.clear()
         self._entered = True
         loop = self.loop = new_event_loop()
+        own_connections(loop)  # it runs as long as the server: a backend's connection may be its transport
         asyncio.set_event_loop(loop)
         try:
             server = loop.run_until_complete(loop.create_server(

@@ -76,14 +76,11 @@ class Answer:
 
     def __init__(self, max_bytes: int, head_only: bool = False):
         self.max_bytes, self.head_only = max_bytes, head_only
-        self.parser = httptools.HttpResponseParser(self)
-        # http.client reads what llhttp would refuse: a bare LF, spaces after a chunk size,
-        # any HTTP/1.x version, header values with any byte, chunked beside a Content-Length.
-        self.parser.set_dangerous_leniencies(lenient_headers=True, lenient_chunked_length=True, lenient_version=True,
-                                             lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True)
+        self.parser = self._new_parser()
         self.status: int | None = None   # the final answer's, once its head is read
         self.content_type = ""
-        self.body = bytearray()
+        self.parts: list[bytes] = []    # the body as it came (joined once, by ``body``: one piece is not copied)
+        self.size = 0                    # the body's bytes so far
         self.limit = max_bytes
         self.complete = self.keep_alive = self.over = self.received = False
         self.chunked = False             # said by the head (Transfer-Encoding: chunked)
@@ -95,6 +92,14 @@ class Answer:
         self._head_lines = 0
         self._data_left = 0              # a chunk's data bytes not yet fed (known from its size line)
         self._chunk_header = self._trailer = False
+
+    def _new_parser(self) -> httptools.HttpResponseParser:
+        parser = httptools.HttpResponseParser(self)
+        # http.client reads what llhttp would refuse: a bare LF, spaces after a chunk size,
+        # any HTTP/1.x version, header values with any byte, chunked beside a Content-Length.
+        parser.set_dangerous_leniencies(lenient_headers=True, lenient_chunked_length=True, lenient_version=True,
+                                        lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True)
+        return parser
 
     # -- httptools callbacks ---------------------------------------------------------------------
     def on_headers_complete(self) -> None:
@@ -110,8 +115,21 @@ class Answer:
             self.complete, self.keep_alive = True, False
 
     def on_body(self, data: bytes) -> None:
-        self.body += data
-        self.over = len(self.body) > self.limit
+        # Kept as it came: a page that arrives whole is never copied again (growing a bytearray
+        # copies it, and a fresh block of its size is often fresh pages from the kernel).
+        self.parts.append(data)
+        self.size += len(data)
+        self.over = self.size > self.limit
+
+    def release(self) -> None:
+        """Drop the parser, once the answer is read: it refers back to this answer (its
+        callbacks), a cycle that only the garbage collector would free, page and all — later,
+        and in a fresh block of memory for every page meanwhile."""
+        self.parser = None
+
+    def body(self) -> bytes:
+        """The body read so far, in one piece."""
+        return b"".join(self.parts)
 
     def on_chunk_header(self) -> None:
         self._chunk_header = True
@@ -124,7 +142,8 @@ class Answer:
     def feed(self, data: bytes) -> None:
         """Feed what arrived (raises ``BadAnswer``); stops at the answer's end or past the limit."""
         self.received = True
-        view, pos, size = memoryview(data), 0, len(data)
+        pos = self._whole_head(data) if self.status is None and not (self._head_lines or self._line or self._bad_line) else 0
+        view, size = memoryview(data), len(data)
         while pos < size and not (self.complete or self.over):
             if self._data_left:
                 take = min(self._data_left, size - pos)
@@ -137,11 +156,35 @@ class Answer:
             else:
                 end = data.find(b"\n", pos, pos + MAX_LINE + 1 - self._line)
                 stop = size if end < 0 else end + 1
-                before = len(self.body)
+                before = self.size
                 self._chunk_header = False
                 self._parse(view[pos:stop])
-                self._count_line(view[pos:stop], len(self.body) - before, end >= 0)
+                self._count_line(view[pos:stop], self.size - before, end >= 0)
                 pos = stop
+
+    def _whole_head(self, data: bytes) -> int:
+        """The usual head — a final answer's, all in ``data``, within every limit, lines ended by
+        CRLF — fed in one piece: where it ends. 0 (anything else, or whatever llhttp refuses in
+        it): it is read line by line, with a fresh parser, to be measured and named exactly."""
+        end = data.find(b"\r\n\r\n", 0, MAX_LINE)  # (so no line of it can be longer than MAX_LINE)
+        if end < 0 or not data.startswith(b"HTTP/1.") or data[9:10] not in (b"2", b"3", b"4", b"5"):
+            return 0
+        head = data[:end + 4]
+        if b"\n\n" in head or head.find(b"\n\r\n") != end + 1 or head.count(b"\n") > MAX_HEADER_LINES:
+            return 0
+        lines = head.split(b"\n")
+        for line in lines:
+            self._header(line)
+        try:
+            self.parser.feed_data(head)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            self.parser = self._new_parser()
+            self.status, self.limit, self.content_type = None, self.max_bytes, ""
+            self.complete = self.keep_alive = self.chunked = False
+            self._lines = True
+            return 0
+        self._head_lines = len(lines) - 1
+        return end + 4
 
     def _parse(self, piece) -> None:
         if self._bad_line:
@@ -162,7 +205,7 @@ class Answer:
 
     def _incomplete(self) -> str:
         """http.client's words for a chunked body cut short: the whole chunks of its last read."""
-        whole = len(self.body) - (self._chunk_size - self._data_left if self._data_left else 0)
+        whole = self.size - (self._chunk_size - self._data_left if self._data_left else 0)
         return f"IncompleteRead({whole % 65536} bytes read)"
 
     def _count_line(self, piece, body_bytes: int, ended: bool) -> None:

@@ -26,6 +26,7 @@ from .answer import ENDINGS, MAX_ERROR_BODY, MAX_PAGE_BYTES, USER_AGENT, Answer,
 from .connect import short_error, shown_host, tls_context
 from .deadline import Deadline
 from .idlepool import IdlePool
+from .streamwire import StreamWire, streams_on
 
 __all__ = ["ENDINGS", "MAX_ERROR_BODY", "MAX_PAGE_BYTES", "USER_AGENT", "Client", "Fetched", "ended"]
 
@@ -131,7 +132,7 @@ class Client:
     (the User-Agent always; an API key only where the caller passes it)."""
 
     def __init__(self, max_idle: int = 64):
-        self.idle: IdlePool[_Wire] = IdlePool(max_idle, usable=_Wire.usable, close=_Wire.close)
+        self.idle: IdlePool[_Wire | StreamWire] = IdlePool(max_idle, usable=_usable, close=_close)
 
     def close(self) -> None:
         self.idle.close()
@@ -177,6 +178,8 @@ class Client:
                 return _failed(state, started, exc)
             finally:
                 timer.cancel()
+                if state.answer is not None:
+                    state.answer.release()
                 if state.wire is not None:
                     state.wire.close()
             return fetched
@@ -203,7 +206,7 @@ class Client:
                     raise _Closed("Remote end closed connection without response")
                 break
             answer.feed(received)
-        status, body = answer.status, bytes(answer.body)
+        status, body = answer.status, answer.body()
         if answer.over:
             if status < 300:
                 return ended("too_large", started, http_status=status, max_bytes=max_bytes)
@@ -218,7 +221,15 @@ class Client:
         return ended("ok", started, http_status=status, body=body, content_type=answer.content_type)
 
 
-async def _connect(loop, state: _Request, scheme: str, host: str, port: int) -> _Wire:
+def _usable(wire) -> bool:
+    return wire.usable()
+
+
+def _close(wire) -> None:
+    wire.close()
+
+
+async def _connect(loop, state: _Request, scheme: str, host: str, port: int) -> _Wire | StreamWire:
     """A connection to ``host:port``: resolved (an address literal needs no lookup), then each
     address tried in turn; the last one's error is the request's."""
     try:
@@ -241,6 +252,13 @@ async def _connect(loop, state: _Request, scheme: str, host: str, port: int) -> 
         except BaseException:
             sock.close()
             raise
+        if scheme == "http" and streams_on(loop):
+            try:
+                wire = state.wire = await StreamWire.over(loop, sock)
+            except BaseException:
+                sock.close()
+                raise
+            return wire
         wire = _Wire(sock)
         state.wire = wire
         if scheme == "https":
@@ -279,9 +297,25 @@ async def _resolve(loop, host: str, port: int) -> list:
     return [(family, address) for family, _, _, _, address in found]
 
 
+# (method, url, has_json, headers) -> _request_head's answer: a reading asks the same few
+# requests of a backend every scrape. Emptied when it reaches _MAX_HEADS.
+_HEADS: dict[tuple, tuple[str, str, int, bytes]] = {}
+_MAX_HEADS = 4096
+
+
 def _request_head(method: str, url: str, has_json: bool, headers: dict[str, str] | None):
     """(scheme, host, port, the request's line and headers without the blank line). Raises
     ValueError for a URL or header that cannot go out as HTTP/1.1."""
+    key = (method, url, has_json, tuple(headers.items()) if headers else ())
+    known = _HEADS.get(key)
+    if known is None:
+        if len(_HEADS) >= _MAX_HEADS:
+            _HEADS.clear()
+        known = _HEADS[key] = _new_request_head(method, url, has_json, headers)
+    return known
+
+
+def _new_request_head(method: str, url: str, has_json: bool, headers: dict[str, str] | None):
     parts = urlsplit(url)
     scheme, host, port = parts.scheme, parts.hostname or "", parts.port
     if scheme not in ("http", "https"):

@@ -7,7 +7,17 @@ import asyncio
 import pytest
 import uvloop
 
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+from hangwatch.streamwire import own_connections
+
+
+def _owning_uvloop():
+    """uvloop as the exporter runs it: for the process's life, its plain connections its transports."""
+    loop = uvloop.new_event_loop()
+    own_connections(loop)
+    return loop
+
+
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop, "uvloop-owning": _owning_uvloop}
 
 
 @pytest.fixture(params=sorted(LOOPS))
@@ -20,4 +30,5 @@ def run(request):
         finally:
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
+    run.kind = request.param
     return run
