@@ -29,22 +29,6 @@ KEPT_HEADS_BYTES = 4 * 1024 * 1024
 KEPT_HEAD_OVERHEAD = 1024   # what a kept head costs beside its bytes (its Head, dict, strings)
 
 
-@dataclass
-class ServerStats:
-    """Counters a face can export (this module imports no metrics library)."""
-
-    connections_open: int = 0
-    work_admitted: int = 0   # work requests admitted and not yet answered
-    work_running: int = 0    # of which holding a slot now
-    dropped: dict[str, int] = field(default_factory=lambda: {
-        "read_timeout": 0, "evicted": 0, "refused": 0, "bad_request": 0})
-    shed: int = 0      # work answered 503 because no slot was free in time
-
-    @property
-    def work_waiting(self) -> int:
-        return max(0, self.work_admitted - self.work_running)
-
-
 @dataclass(eq=False, slots=True)
 class Peer:
     """One peer address: its connections (oldest first), the idle ones among them (evictable,
@@ -91,12 +75,26 @@ class Admission:
         self.max_connections, self.read_timeout = max_connections, read_timeout
         self.max_client_connections = max_client_connections or max(1, max_connections - max(1, max_connections // 64))
         self.max_client_slots = max_client_slots or max(1, workers - workers // 8)
-        self.stats = ServerStats()
+        self.workers = workers
+        self.dropped = dict.fromkeys(("read_timeout", "evicted", "refused", "bad_request"), 0)  # connections
         self.heads = HeadCache()
         self.connections: set[Any] = set()
         self.clients: dict[str, Peer] = {}
         self.free_slots = workers
         self.waiting: OrderedDict[Peer, None] = OrderedDict()  # addresses with waiting work, round-robin
+
+    # -- counters a face can export (this module imports no metrics library), from the state itself --
+    @property
+    def connections_open(self) -> int:
+        return len(self.connections)
+
+    @property
+    def work_running(self) -> int:
+        return self.workers - self.free_slots
+
+    @property
+    def work_waiting(self) -> int:
+        return sum(len(client.waiting) for client in self.waiting)
 
     # -- connections ----------------------------------------------------------------------------
     def peer(self, address: str) -> Peer:
@@ -121,11 +119,10 @@ class Admission:
         else:
             room = True
         if not room:
-            self.stats.dropped["refused"] += 1
+            self.dropped["refused"] += 1
             return False
         self.connections.add(connection)
         client.connections[connection] = None
-        self.stats.connections_open = len(self.connections)
         return True
 
     def _evict_from(self, client: Peer, busy_too: bool) -> bool:
@@ -134,7 +131,7 @@ class Admission:
             victim = next(iter(client.connections), None)
         if victim is None:
             return False
-        self.stats.dropped["evicted"] += 1
+        self.dropped["evicted"] += 1
         victim.abort()
         return True
 
@@ -143,7 +140,6 @@ class Admission:
         self.connections.discard(connection)
         client.connections.pop(connection, None)
         client.idle.pop(connection, None)
-        self.stats.connections_open = len(self.connections)
         self.release(client)
 
     def release(self, client: Peer) -> None:
@@ -170,13 +166,10 @@ class Admission:
     def take_slot(self, client: Peer) -> None:
         self.free_slots -= 1
         client.running += 1
-        self.stats.work_running += 1
 
     def give_back(self, client: Peer) -> None:
         self.free_slots += 1
         client.running -= 1
-        self.stats.work_running -= 1
-        self.stats.work_admitted -= 1
 
     def start_waiting(self) -> None:
         """Give free slots to waiting work, one address after another; an address at its own

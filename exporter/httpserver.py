@@ -16,14 +16,14 @@ import os
 import socket
 import threading
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 from hangwatch.streamwire import own_connections
 
-from .admission import IDLE_TIMEOUT, MAX_PIPELINED, Admission, ServerStats
+from .admission import IDLE_TIMEOUT, MAX_PIPELINED, Admission
 from .httpwire import BadRequest, Request, Response, Route, encode, head_length, plain
 
-__all__ = ["BoundedHTTPServer", "Request", "Response", "Route", "ServerStats", "new_event_loop"]
+__all__ = ["BoundedHTTPServer", "Request", "Response", "Route", "new_event_loop"]
 
 log = logging.getLogger("hangwatch.exporter.httpserver")
 
@@ -67,17 +67,11 @@ class BoundedHTTPServer:
         self.name = name
         self.admission = Admission(max_connections=max_connections, workers=workers, read_timeout=read_timeout,
                                    max_client_connections=max_client_connections, max_client_slots=max_client_slots)
-        self.stats = self.admission.stats
+        self.stats = self.admission  # its counters
         self.max_client_connections = self.admission.max_client_connections
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.socket.bind(address)
-            self.socket.listen(LISTEN_BACKLOG)
-        except OSError:
-            self.socket.close()
-            raise
+        ipv6 = ":" in address[0]  # dual-stack as the kernel's default: "::" takes IPv4 too
+        self.socket = socket.create_server(address, family=socket.AF_INET6 if ipv6 else socket.AF_INET,
+                                           backlog=LISTEN_BACKLOG, dualstack_ipv6=ipv6)
         self.socket.setblocking(False)
         self.server_address = self.socket.getsockname()[:2]
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -167,7 +161,8 @@ class Connection(asyncio.Protocol):
             transport.abort()
             self.admission.release(self.client_record)
             return
-        self._wait_for_head(self.admission.read_timeout, counted=True)
+        self.client_record.idle[self] = None
+        self._arm(self.admission.read_timeout, self._head_timed_out)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -181,7 +176,7 @@ class Connection(asyncio.Protocol):
                 self._read_off()
             return
         if first_bytes:
-            self._arm(self.admission.read_timeout, self._timed_out, True)
+            self._arm(self.admission.read_timeout, self._head_timed_out)
         self._try_request()
 
     def eof_received(self) -> bool:
@@ -202,7 +197,7 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.blocked = False
         if not self.closed and not self.busy and not self.transport.is_closing():
-            self._wait_for_head(IDLE_TIMEOUT, counted=False)  # taken: read its next request
+            self._wait_for_head()  # taken: read its next request
 
     # -- the transport --------------------------------------------------------------------------
     def _read_on(self) -> None:
@@ -226,7 +221,7 @@ class Connection(asyncio.Protocol):
             return
         self.transport.close()
         if self.blocked:
-            self._arm(self.admission.read_timeout, self._timed_out, False)  # connection_lost: _gone
+            self._arm(self.admission.read_timeout, self.abort)  # else connection_lost: _gone
         else:
             self._gone()
 
@@ -241,34 +236,30 @@ class Connection(asyncio.Protocol):
             return
         self.closed = True
         self._disarm()
-        if self.admission.unqueue(self):  # still waiting for a slot: it never runs
-            self.work = None
-            self.admission.stats.work_admitted -= 1
+        self.admission.unqueue(self)  # still waiting for a slot: it never runs
         if self.task is not None:
             self.task.cancel()  # nobody will read its answer; its slot comes back when it ends
         self.admission.forget(self)
 
     # -- the request cycle ------------------------------------------------------------------------
-    def _wait_for_head(self, timeout: float, counted: bool) -> None:
+    def _wait_for_head(self) -> None:
         self.busy = False
         self.client_record.idle[self] = None
         if self.blocked:  # the client has not read its last answer yet: it gets read_timeout to do so
-            self._arm(self.admission.read_timeout, self._timed_out, False)
+            self._arm(self.admission.read_timeout, self.abort)
             return
-        if self.buffer:  # bytes of the next head are here: read_timeout, counted
-            timeout, counted = self.admission.read_timeout, True
-        self._arm(timeout, self._timed_out, counted)
         self._read_on()
-        if self.buffer:
+        if not self.buffer:
+            self._arm(IDLE_TIMEOUT, self.abort)
+        else:  # bytes of the next head are here: it is due within read_timeout
+            self._arm(self.admission.read_timeout, self._head_timed_out)
             # A pipelined request: taken on the loop's next round, not by recursion (hundreds of
             # tiny requests in one read would otherwise nest a call chain per request).
-            self.loop.call_soon(self._next_request)
-
-    def _next_request(self) -> None:
-        if not self.closed and not self.busy and not self.blocked and self.buffer:
-            self._try_request()
+            self.loop.call_soon(self._try_request)
 
     def _try_request(self) -> None:
+        if self.closed or self.busy or self.blocked or not self.buffer:
+            return  # (a pipelined request's turn may come after any of these)
         try:
             self._take_request()
         except Exception as exc:  # the server's own bug: one line, a 500, this connection closed
@@ -307,7 +298,6 @@ class Connection(asyncio.Protocol):
             self._submit(route, request)
 
     def _submit(self, route: Route, request: Request) -> None:
-        self.admission.stats.work_admitted += 1
         self.work = (route, request)
         if self.admission.may_start(self.client_record):
             self.start_work()
@@ -336,20 +326,15 @@ class Connection(asyncio.Protocol):
 
     def _shed(self) -> None:
         """No slot came free within the route's wait: the work never runs; answer overloaded."""
-        self.timer = None
-        if not self.admission.unqueue(self) or self.work is None:
-            return
+        self.admission.unqueue(self)
         route, request = self.work
         self.work = None
-        self.admission.stats.work_admitted -= 1
-        self.admission.stats.shed += 1
-        if not self.closed:
-            try:
-                response = route.overloaded(request)
-            except Exception as exc:
-                log_failure(self.server.name, "overloaded answer", exc)
-                response = plain(503, "overloaded\n")
-            self._respond(response)
+        try:
+            response = route.overloaded(request)
+        except Exception as exc:
+            log_failure(self.server.name, "overloaded answer", exc)
+            response = plain(503, "overloaded\n")
+        self._respond(response)
 
     def _work_done(self, task: asyncio.Task) -> None:
         response = None if task.cancelled() else task.result()
@@ -366,34 +351,29 @@ class Connection(asyncio.Protocol):
         if response.status == 200:
             self.admission.heads.keep(head, parsed)
         keep_alive = parsed.keep_alive and (self.keep_alive_after or self._request_waiting())
-        self._send(encode(response, keep_alive, parsed.method != "HEAD"))
+        self.transport.write(encode(response, keep_alive, parsed.method != "HEAD"))
         if keep_alive:
-            self._wait_for_head(IDLE_TIMEOUT, counted=False)
+            self._wait_for_head()
         else:
             self.close()
 
     def _fail(self, status: int, text: str) -> None:
-        self.admission.stats.dropped["bad_request"] += 1
+        self.admission.dropped["bad_request"] += 1
         log.debug("%s: %s from %s", self.server.name, text, self.client)
-        self._send(encode(plain(status, text + "\n"), keep_alive=False))
+        self.transport.write(encode(plain(status, text + "\n"), keep_alive=False))
         self.close()
 
-    def _send(self, data: bytes) -> None:
-        if not self.closed:
-            self.transport.write(data)
-
     # -- the one timer ------------------------------------------------------------------------------
-    def _arm(self, timeout: float, callback, *args) -> None:
+    def _arm(self, timeout: float, callback: Callable[[], None]) -> None:
         self._disarm()
-        self.timer = self.loop.call_later(timeout, callback, *args)
+        self.timer = self.loop.call_later(timeout, callback)
 
     def _disarm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
-    def _timed_out(self, counted: bool) -> None:
-        self.timer = None
-        if counted:
-            self.admission.stats.dropped["read_timeout"] += 1
+    def _head_timed_out(self) -> None:
+        """A head that did not come whole within read_timeout (a slow-loris): counted, cut off."""
+        self.admission.dropped["read_timeout"] += 1
         self.abort()
