@@ -163,13 +163,18 @@ class Admission:
         """Out of the waiting work; True if it was waiting."""
         return connection.client_record.waiting.pop(connection, 0) is None
 
-    def take_slot(self, client: Peer) -> None:
+    def take_slot(self, connection: Any) -> None:
+        """The connection's work starts now (out of the waiting work, if it was there)."""
+        self.unqueue(connection)
         self.free_slots -= 1
-        client.running += 1
+        connection.client_record.running += 1
 
     def give_back(self, client: Peer) -> None:
+        """A slot comes free (its connection may be gone): to waiting work, in turn."""
         self.free_slots += 1
         client.running -= 1
+        self.release(client)
+        self.start_waiting()
 
     def start_waiting(self) -> None:
         """Give free slots to waiting work, one address after another; an address at its own

@@ -139,7 +139,6 @@ class Connection(asyncio.Protocol):
         self.busy = False          # a request is being answered: not evictable, not taking a new one
         self.closed = False
         self.timer: asyncio.TimerHandle | None = None  # the one deadline: a head, an idle wait, a slot, a send
-        self.reading = True        # the transport reads
         self.blocked = False       # the client has not taken all of its last answer
         self.keep_alive_after = True   # False once the client has half-closed
         self.work: tuple[Route, Request] | None = None  # admitted work not yet answered
@@ -181,8 +180,7 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         """The client finished sending (a half-close): answer what it asked, then close."""
-        self.keep_alive_after = False
-        self.reading = False  # the transport stops reading at the end of the stream
+        self.keep_alive_after = False  # (the transport has stopped reading: it must not start again)
         if not self.busy and not self._request_waiting():
             self.close()
         return True  # keep the transport open for the answers still owed
@@ -201,13 +199,13 @@ class Connection(asyncio.Protocol):
 
     # -- the transport --------------------------------------------------------------------------
     def _read_on(self) -> None:
-        if not self.reading and not self.closed and self.keep_alive_after:
-            self.reading = True
+        """(Pausing and resuming are no-ops when already so; resuming after the client's EOF would
+        read that EOF again.)"""
+        if not self.closed and self.keep_alive_after:
             self.transport.resume_reading()
 
     def _read_off(self) -> None:
-        if self.reading and not self.closed:
-            self.reading = False
+        if not self.closed:
             self.transport.pause_reading()
 
     def _request_waiting(self) -> bool:
@@ -309,8 +307,7 @@ class Connection(asyncio.Protocol):
     def start_work(self) -> None:
         """A slot is free: the work starts, awaited on the loop."""
         self._disarm()
-        self.admission.unqueue(self)
-        self.admission.take_slot(self.client_record)
+        self.admission.take_slot(self)
         self.task = self.loop.create_task(self._run(*self.work))
         # A done callback, not a ``finally``: it runs even for a task cancelled before its first step.
         self.task.add_done_callback(self._work_done)
@@ -339,12 +336,9 @@ class Connection(asyncio.Protocol):
     def _work_done(self, task: asyncio.Task) -> None:
         response = None if task.cancelled() else task.result()
         self.task = self.work = None
-        self.admission.give_back(self.client_record)
         if not self.closed and response is not None:
             self._respond(response)
-        elif self.closed:
-            self.admission.release(self.client_record)
-        self.admission.start_waiting()
+        self.admission.give_back(self.client_record)
 
     def _respond(self, response: Response) -> None:
         head, parsed = self.head
