@@ -113,11 +113,13 @@ class BoundedHTTPServer:
         if self._stopped.is_set():
             return
         self._running.wait(10)
-        try:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        except RuntimeError:
-            pass  # closed meanwhile
-        self._stopped.wait(10)
+        loop = self.loop
+        if loop is not None:  # (None: making it failed)
+            try:
+                loop.call_soon_threadsafe(loop.stop)
+            except RuntimeError:
+                pass  # closed meanwhile
+            self._stopped.wait(10)
 
     def server_close(self) -> None:
         self.socket.close()
@@ -156,9 +158,7 @@ class Connection(asyncio.Protocol):
         self.client = f"{address}:{peer[1]}" if isinstance(peer, tuple) else ""
         self.client_record = self.admission.peer(address)
         if not self.admission.admit(self):
-            self.closed = True
-            transport.abort()
-            self.admission.release(self.client_record)
+            self.abort()
             return
         self.client_record.idle[self] = None
         self._arm(self.admission.read_timeout, self._head_timed_out)
