@@ -69,9 +69,15 @@ class BoundedHTTPServer:
                                    max_client_connections=max_client_connections, max_client_slots=max_client_slots)
         self.stats = self.admission  # its counters
         self.max_client_connections = self.admission.max_client_connections
-        ipv6 = ":" in address[0]  # dual-stack as the kernel's default: "::" takes IPv4 too
-        self.socket = socket.create_server(address, family=socket.AF_INET6 if ipv6 else socket.AF_INET,
-                                           backlog=LISTEN_BACKLOG, dualstack_ipv6=ipv6)
+        # (Not socket.create_server: its bind error repeats the address the caller already names.)
+        self.socket = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind(address)
+            self.socket.listen(LISTEN_BACKLOG)
+        except OSError:
+            self.socket.close()
+            raise
         self.socket.setblocking(False)
         self.server_address = self.socket.getsockname()[:2]
         self.loop: asyncio.AbstractEventLoop | None = None
