@@ -11,6 +11,7 @@ connection at most, never the loop. Every limit is ``admission``'s; heads are re
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import socket
@@ -242,7 +243,10 @@ class Connection(asyncio.Protocol):
         self._disarm()
         self.admission.unqueue(self)  # still waiting for a slot: it never runs
         if self.task is not None:
+            work = self.task.get_coro()
             self.task.cancel()  # nobody will read its answer; its slot comes back when it ends
+            if inspect.getcoroutinestate(work) == inspect.CORO_CREATED:
+                self._work_done(None)  # it never started: a coroutine cancelled so never runs its body
         self.admission.forget(self)
 
     # -- the request cycle ------------------------------------------------------------------------
@@ -315,17 +319,18 @@ class Connection(asyncio.Protocol):
         self._disarm()
         self.admission.take_slot(self)
         self.task = self.loop.create_task(self._run(*self.work))
-        # A done callback, not a ``finally``: it runs even for a task cancelled before its first step.
-        self.task.add_done_callback(self._work_done)
 
-    async def _run(self, route: Route, request: Request) -> Response | None:
+    async def _run(self, route: Route, request: Request) -> None:
+        response = None
         try:
-            return await route.handler(request)
+            response = await route.handler(request)
         except asyncio.CancelledError:
-            return None  # the connection went (or the server stopped): nobody reads an answer
+            pass  # the connection went (or the server stopped): nobody reads an answer
         except Exception as exc:
             log_failure(self.server.name, f"{request.method} {request.path}", exc)
-            return plain(500, "internal error (logged)\n")
+            response = plain(500, "internal error (logged)\n")
+        finally:
+            self._work_done(response)
 
     def _shed(self) -> None:
         """No slot came free within the route's wait: the work never runs; answer overloaded."""
@@ -339,8 +344,7 @@ class Connection(asyncio.Protocol):
             response = plain(503, "overloaded\n")
         self._respond(response)
 
-    def _work_done(self, task: asyncio.Task) -> None:
-        response = None if task.cancelled() else task.result()
+    def _work_done(self, response: Response | None) -> None:
         self.task = self.work = None
         if not self.closed and response is not None:
             self._respond(response)
