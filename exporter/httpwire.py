@@ -171,7 +171,8 @@ def split_target(target: str) -> tuple[str, str]:
 
 
 def encode(response: Response, keep_alive: bool, with_body: bool = True) -> bytes:
-    head = [f"HTTP/1.1 {response.status} {responses.get(response.status, 'Status')}", f"Content-Type: {response.content_type}",
+    reason = responses.get(response.status, "Status")
+    head = [f"HTTP/1.1 {response.status} {reason}", f"Content-Type: {response.content_type}",
             f"Content-Length: {len(response.body)}"]
     head += [f"{name}: {value}" for name, value in response.headers]
     if not keep_alive:
