@@ -5,23 +5,17 @@ What one peer address may hold (connections, work slots), who gives way when the
 slow-loris costs its own connection) and how long an idle keep-alive connection is kept, how
 much a client may pipeline while its answer is worked on, which parsed heads are kept (only
 those answered 200, bounded in bytes), and how work waits for a slot (round-robin between
-addresses, then answered overloaded). The server (``httpserver``) and its connections
-(``httpprotocol``) ask ``Admission``; nothing here imports either (only the wire, ``httpwire``):
-a connection is any object with ``client_record``, ``abort()`` and ``start_work()``.
+addresses, then answered overloaded). Nothing here imports the server (only the wire,
+``httpwire``): a connection is any object with ``client_record``, ``abort()`` and ``start_work()``.
 """
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from .httpwire import MAX_HEAD_BYTES, Head, parse_head
-
-__all__ = ["Admission", "HeadCache", "Peer", "ServerStats", "client_connection_cap", "client_slot_cap"]
-
-log = logging.getLogger("hangwatch.exporter.httpserver")
 
 IDLE_TIMEOUT = 120.0        # an idle keep-alive connection (Prometheus keeps them 5 min)
 # While a request is answered, what the client sends meanwhile is kept up to this; past it, its
@@ -35,46 +29,16 @@ KEPT_HEADS_BYTES = 4 * 1024 * 1024
 KEPT_HEAD_OVERHEAD = 1024   # what a kept head costs beside its bytes (its Head, dict, strings)
 
 
-@dataclass
-class ServerStats:
-    """Counters a face can export (this module imports no metrics library)."""
-
-    connections_open: int = 0
-    work_admitted: int = 0   # work requests admitted and not yet answered
-    work_running: int = 0    # of which holding a slot now
-    dropped: dict[str, int] = field(default_factory=lambda: {
-        "read_timeout": 0, "evicted": 0, "refused": 0, "bad_request": 0})
-    shed: int = 0      # work answered 503 because no slot was free in time
-
-    @property
-    def work_waiting(self) -> int:
-        return max(0, self.work_admitted - self.work_running)
-
-
-def client_connection_cap(max_connections: int) -> int:
-    """One address may hold all but a sixty-fourth of the table: room for others to connect
-    without evicting, while one Prometheus' burst of 1,000 scrapes fits a table of 1,024."""
-    return max(1, max_connections - max(1, max_connections // 64))
-
-
-def client_slot_cap(workers: int) -> int:
-    """One address may hold all but an eighth of the work slots (a kubelet's /livez finds one
-    free while another client keeps the rest busy); with fewer than 8, round-robin alone."""
-    return max(1, workers - workers // 8)
-
-
+@dataclass(eq=False, slots=True)
 class Peer:
     """One peer address: its connections (oldest first), the idle ones among them (evictable,
     oldest first), the work slots it holds and its work waiting for one (oldest first)."""
 
-    __slots__ = ("address", "connections", "idle", "running", "waiting")
-
-    def __init__(self, address: str):
-        self.address = address
-        self.connections: dict[Any, None] = {}
-        self.idle: OrderedDict[Any, None] = OrderedDict()
-        self.running = 0
-        self.waiting: OrderedDict[Any, None] = OrderedDict()
+    address: str
+    connections: dict[Any, None] = field(default_factory=dict)
+    idle: OrderedDict[Any, None] = field(default_factory=OrderedDict)
+    running: int = 0
+    waiting: OrderedDict[Any, None] = field(default_factory=OrderedDict)
 
 
 class HeadCache:
@@ -84,39 +48,53 @@ class HeadCache:
         self.kept: OrderedDict[bytes, Head] = OrderedDict()
         self.bytes = 0
 
-    def parsed(self, head: bytes) -> tuple[Head, bool]:
-        """``parse_head(head)``, and whether it came from the kept heads."""
-        known = self.kept.get(head)
-        if known is not None:
-            return known, True
-        return parse_head(head), False
+    def parsed(self, head: bytes) -> Head:
+        """``parse_head(head)``, from the kept heads when it is one."""
+        return self.kept.get(head) or parse_head(head)
 
     def keep(self, head: bytes, parsed: Head) -> None:
         if len(head) > MAX_KEPT_HEAD or head in self.kept:
             return
-        kept = self.kept
-        kept[head] = parsed._replace(headers=MappingProxyType(parsed.headers))  # shared: read-only
+        self.kept[head] = parsed._replace(headers=MappingProxyType(parsed.headers))  # shared: read-only
         self.bytes += len(head) + KEPT_HEAD_OVERHEAD
         while self.bytes > KEPT_HEADS_BYTES:
-            oldest, _ = kept.popitem(last=False)
+            oldest, _ = self.kept.popitem(last=False)
             self.bytes -= len(oldest) + KEPT_HEAD_OVERHEAD
 
 
 class Admission:
-    """The connection table, the work slots and the queue for them. Loop thread only."""
+    """The connection table, the work slots and the queue for them. Loop thread only.
 
-    def __init__(self, *, max_connections: int, workers: int, read_timeout: float, name: str,
+    One address may hold all but a sixty-fourth of the table (room for others to connect without
+    evicting, while one Prometheus' burst of 1,000 scrapes fits a table of 1,024), and all but an
+    eighth of the work slots (a kubelet's /livez finds one free while another client keeps the rest
+    busy; with fewer than 8, round-robin alone)."""
+
+    def __init__(self, *, max_connections: int, workers: int, read_timeout: float,
                  max_client_connections: int | None = None, max_client_slots: int | None = None):
-        self.max_connections, self.workers, self.read_timeout, self.name = max_connections, workers, read_timeout, name
-        self.max_client_connections = max_client_connections or client_connection_cap(max_connections)
-        self.max_client_slots = max_client_slots or client_slot_cap(workers)
-        self.stats = ServerStats()
+        self.max_connections, self.read_timeout = max_connections, read_timeout
+        self.max_client_connections = max_client_connections or max(1, max_connections - max(1, max_connections // 64))
+        self.max_client_slots = max_client_slots or max(1, workers - workers // 8)
+        self.workers = workers
+        self.dropped = dict.fromkeys(("read_timeout", "evicted", "refused", "bad_request"), 0)  # connections
         self.heads = HeadCache()
         self.connections: set[Any] = set()
         self.clients: dict[str, Peer] = {}
         self.free_slots = workers
         self.waiting: OrderedDict[Peer, None] = OrderedDict()  # addresses with waiting work, round-robin
-        self._starting = False     # start_waiting is running (it is never entered twice)
+
+    # -- counters a face can export (this module imports no metrics library), from the state itself --
+    @property
+    def connections_open(self) -> int:
+        return len(self.connections)
+
+    @property
+    def work_running(self) -> int:
+        return self.workers - self.free_slots
+
+    @property
+    def work_waiting(self) -> int:
+        return sum(len(client.waiting) for client in self.waiting)
 
     # -- connections ----------------------------------------------------------------------------
     def peer(self, address: str) -> Peer:
@@ -131,21 +109,20 @@ class Admission:
         first, else its oldest), unless that is the newcomer's own (then only its idle one)."""
         client = connection.client_record
         if len(client.connections) >= self.max_client_connections:
-            if not self._evict_from(client, busy_too=False):
-                self.stats.dropped["refused"] += 1
-                return False
+            room = self._evict_from(client, busy_too=False)
         elif len(self.connections) >= self.max_connections:
             biggest = max(self.clients.values(), key=lambda c: len(c.connections))
             if len(biggest.connections) > len(client.connections):
-                evicted = self._evict_from(biggest, busy_too=True)
+                room = self._evict_from(biggest, busy_too=True)
             else:
-                evicted = self._evict_from(client, busy_too=False)
-            if not evicted:
-                self.stats.dropped["refused"] += 1
-                return False
+                room = self._evict_from(client, busy_too=False)
+        else:
+            room = True
+        if not room:
+            self.dropped["refused"] += 1
+            return False
         self.connections.add(connection)
         client.connections[connection] = None
-        self.stats.connections_open = len(self.connections)
         return True
 
     def _evict_from(self, client: Peer, busy_too: bool) -> bool:
@@ -154,7 +131,7 @@ class Admission:
             victim = next(iter(client.connections), None)
         if victim is None:
             return False
-        self.stats.dropped["evicted"] += 1
+        self.dropped["evicted"] += 1
         victim.abort()
         return True
 
@@ -163,7 +140,6 @@ class Admission:
         self.connections.discard(connection)
         client.connections.pop(connection, None)
         client.idle.pop(connection, None)
-        self.stats.connections_open = len(self.connections)
         self.release(client)
 
     def release(self, client: Peer) -> None:
@@ -187,44 +163,33 @@ class Admission:
         """Out of the waiting work; True if it was waiting."""
         return connection.client_record.waiting.pop(connection, 0) is None
 
-    def take_slot(self, client: Peer) -> None:
+    def take_slot(self, connection: Any) -> None:
+        """The connection's work starts now (out of the waiting work, if it was there)."""
+        self.unqueue(connection)
         self.free_slots -= 1
-        client.running += 1
-        self.stats.work_running += 1
+        connection.client_record.running += 1
 
     def give_back(self, client: Peer) -> None:
+        """A slot comes free (its connection may be gone): to waiting work, in turn."""
         self.free_slots += 1
         client.running -= 1
-        self.stats.work_running -= 1
-        self.stats.work_admitted -= 1
+        self.release(client)
+        self.start_waiting()
 
     def start_waiting(self) -> None:
-        """Give free slots to waiting work, one address after another. Never entered twice."""
-        if self._starting:
-            return
-        self._starting = True
-        try:
-            while self.free_slots > 0 and self.waiting:
-                started = False
-                for _ in range(len(self.waiting)):
-                    if self.free_slots <= 0:
-                        break
-                    client, _ = self.waiting.popitem(last=False)
-                    if not client.waiting:
-                        continue
-                    if client.running >= self.max_client_slots:
-                        self.waiting[client] = None  # its turn comes when one of its slots frees
-                        continue
-                    connection, _ = client.waiting.popitem(last=False)
-                    if client.waiting:
-                        self.waiting[client] = None  # to the back of the round
-                    started = True
-                    try:
-                        connection.start_work()
-                    except Exception as exc:  # the server's own bug: that connection, not the loop
-                        log.error("%s: starting work failed: %s: %s", self.name, type(exc).__name__, exc)
-                        connection.abort()
-                if not started:
-                    break
-        finally:
-            self._starting = False
+        """Give free slots to waiting work, one address after another; an address at its own
+        cap keeps its turn until one of its slots frees."""
+        passed = 0  # addresses in a row whose turn started nothing
+        while self.free_slots > 0 and passed < len(self.waiting):
+            client, _ = self.waiting.popitem(last=False)
+            if not client.waiting:
+                continue
+            self.waiting[client] = None  # to the back of the round
+            if client.running >= self.max_client_slots:
+                passed += 1
+                continue
+            connection, _ = client.waiting.popitem(last=False)
+            if not client.waiting:
+                del self.waiting[client]
+            passed = 0
+            connection.start_work()

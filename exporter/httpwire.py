@@ -6,7 +6,7 @@ leaves to its caller (``parse_head``), so whatever a client sends becomes a ``He
 from __future__ import annotations
 
 from dataclasses import dataclass
-from http import HTTPStatus
+from http.client import responses  # reason phrases by status
 from typing import Callable, Mapping, NamedTuple
 
 import httptools
@@ -44,8 +44,7 @@ class Route:
     handler: Callable[[Request], object]
     inline: bool = False
     start_within: Callable[[Request], float] = lambda request: 5.0
-    overloaded: Callable[[Request], Response] = lambda request: Response(
-        503, "text/plain; charset=utf-8", b"overloaded: no slot free in time\n")
+    overloaded: Callable[[Request], Response] = lambda request: plain(503, "overloaded: no slot free in time\n")
 
 
 def plain(status: int, text: str) -> Response:
@@ -172,10 +171,7 @@ def split_target(target: str) -> tuple[str, str]:
 
 
 def encode(response: Response, keep_alive: bool, with_body: bool = True) -> bytes:
-    try:
-        reason = HTTPStatus(response.status).phrase
-    except ValueError:
-        reason = "Status"
+    reason = responses.get(response.status, "Status")
     head = [f"HTTP/1.1 {response.status} {reason}", f"Content-Type: {response.content_type}",
             f"Content-Length: {len(response.body)}"]
     head += [f"{name}: {value}" for name, value in response.headers]
