@@ -62,6 +62,15 @@ class IdlePool(Generic[Connection]):
         for connection in evicted:
             self._close(connection)
 
+    def drop(self, gone: Callable[[Hashable], bool]) -> None:
+        """Close every idle connection whose origin is ``gone`` (one of a loop that closed)."""
+        with self._lock:
+            dropped = [self._idle.pop(origin) for origin in [o for o in self._idle if gone(o)]]
+            self._count -= sum(map(len, dropped))
+        for connections in dropped:
+            for connection in connections:
+                self._close(connection)
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle, self._count = self._idle, OrderedDict(), 0
