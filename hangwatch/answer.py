@@ -86,7 +86,7 @@ class Answer:
         self.parts: list[bytes] = []    # the body as it came (joined once, by ``body``: one piece is not copied)
         self.size = 0                    # the body's bytes so far
         self.limit = max_bytes
-        self.complete = self.keep_alive = self.over = self.received = False
+        self.complete = self.keep_alive = self.over = False
         self.chunked = False             # said by the head (Transfer-Encoding: chunked)
         self.fed = 0                     # bytes fed to the parser
         self.headers = 0                 # header lines in the heads so far
@@ -133,7 +133,6 @@ class Answer:
     # -- bytes in ------------------------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
         """Feed what arrived (raises ``BadAnswer``)."""
-        self.received = True
         if self.status is None:  # what is fed is head until the final head ends: at most MAX_HEAD
             room = MAX_HEAD - self.fed
             head, data = (data, b"") if len(data) <= room else (data[:room], data[room:])

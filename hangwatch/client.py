@@ -1,16 +1,15 @@
 """HTTP for readings, on the running event loop: every byte of a request before one deadline.
 
 How a request fails is itself the reading (refused: down; accepted but silent: wedged), so each
-ending is told apart here, by the phase the request was in when it ended, and named once
-(``answer.ENDINGS``). One timer — the ``Deadline`` — bounds resolving, connecting, the TLS
-handshake, sending and every read, so a server that drips its answer cannot hold a reading past
-it. A connection is a transport of the loop that made it (``connect.Wire``); idle keep-alive
-connections are kept per loop and origin, so none is handed to another loop. Redirects are never
-followed, so a target's API key only ever goes to that target.
+ending is told apart by the phase the request was in and named once (``answer.ENDINGS``). One
+timer bounds resolving, connecting, the TLS handshake, sending and every read: a server that
+drips its answer cannot hold a reading past it. Redirects are never followed, so a target's API
+key only ever goes to that target.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import json as jsonlib
 import re
 import ssl
@@ -25,10 +24,6 @@ from .idlepool import IdlePool
 __all__ = ["ENDINGS", "MAX_ERROR_BODY", "MAX_PAGE_BYTES", "USER_AGENT", "Client", "Fetched", "ended"]
 
 _CONTROL = re.compile("[\x00-\x20\x7f]")            # what http.client refuses in a request's path
-
-
-class _Closed(ConnectionResetError):
-    """The server closed the connection before a byte of an answer (http.client's RemoteDisconnected)."""
 
 
 class _Request:
@@ -49,12 +44,9 @@ def _expire(state: _Request, task: asyncio.Task) -> None:
 
 class Client:
     """Requests with a deadline on the running loop, keeping up to ``max_idle`` idle keep-alive
-    connections (``IdlePool``, keyed by loop and origin). ``headers`` go with a request (the
-    User-Agent always; an API key only where the caller passes it).
-
-    A loop's idle connections end with ``close`` — call it on that loop before the loop closes
-    (``check_async`` does, for the CLI's and the webhook's short loops). Those a closed loop left
-    behind are closed when the client next runs on another loop."""
+    connections per loop and origin (a connection is its loop's: ``connect.Wire``). ``close`` on a
+    loop before it closes (``check_async`` does, on the CLI's and the webhook's short loops);
+    what a closed loop left is closed when the client next runs on another one."""
 
     def __init__(self, max_idle: int = 64):
         self.idle: IdlePool[Wire] = IdlePool(max_idle, usable=Wire.usable, close=Wire.close)
@@ -69,7 +61,8 @@ class Client:
         started = time.monotonic()
         budget = max(0.0, deadline.left())
         try:
-            scheme, host, port, head = _request_head(method, url, json is not None, headers)
+            scheme, host, port, head = _request_head(method, url, json is not None,
+                                                     tuple(headers.items()) if headers else ())
         except (ValueError, UnicodeError) as exc:
             return ended("unreachable", started, why=short_error(exc))
         body = b"" if json is None else jsonlib.dumps(json).encode()
@@ -77,9 +70,9 @@ class Client:
                        else b"\r\n") + body
         words = {"budget": budget, "host": host, "port": port, "max_bytes": max_bytes}
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # a loop change: the connections of loops closed since go
+        if loop is not self._loop:
             self._loop = loop
-            self.idle.drop(lambda key: key[0].is_closed())
+            self.idle.close(lambda key: key[0].is_closed())  # (key: loop, then origin)
         for attempt in (0, 1):
             if budget <= 0 or deadline.expired:
                 return ended("no_time", started, **words)
@@ -92,14 +85,10 @@ class Client:
                 if not state.expired or (hasattr(task, "uncancel") and task.uncancel() > 0):
                     raise  # cancelled by the caller (too): theirs to handle
                 return _timed_out(state, started, words)
-            except _Closed as exc:  # before a byte of an answer
-                if state.reused and attempt == 0:
-                    continue  # the server closed an idle keep-alive connection: once more, fresh
-                return ended("closed", started, why=short_error(exc))
             except (ConnectionResetError, BrokenPipeError) as exc:
-                if state.answer is None or state.answer.status is None:
+                if state.answer is None or state.answer.status is None:  # closed before an answer's head
                     if state.reused and attempt == 0:
-                        continue
+                        continue  # the server closed an idle keep-alive connection: once more, fresh
                     return ended("closed", started, why=short_error(exc))
                 return _failed(state, started, exc)
             except ConnectionRefusedError:
@@ -132,44 +121,26 @@ class Client:
             received = await wire.recv()
             if not received:
                 answer.eof()
-                if not answer.complete:
-                    raise _Closed("Remote end closed connection without response")
+                if not answer.complete:  # (http.client's RemoteDisconnected)
+                    raise ConnectionResetError("Remote end closed connection without response")
                 break
             answer.feed(received)
         status, body = answer.status, answer.body()
-        if answer.over:
-            if status < 300:
-                return ended("too_large", started, http_status=status, max_bytes=max_bytes)
-            return ended("http_error", started, http_status=status, body=body[:MAX_ERROR_BODY],
-                         content_type=answer.content_type)
-        if answer.keep_alive:
+        if answer.keep_alive and not answer.over:  # (past the limit, the rest of it is unread)
             state.wire = None
             self.idle.give_back(key, wire)
+        if answer.over and status < 300:
+            return ended("too_large", started, http_status=status, max_bytes=max_bytes)
         if status >= 300:
             return ended("http_error", started, http_status=status, body=body[:MAX_ERROR_BODY],
                          content_type=answer.content_type)
         return ended("ok", started, http_status=status, body=body, content_type=answer.content_type)
 
 
-# (method, url, has_json, headers) -> _request_head's answer: a reading asks the same few
-# requests of a backend every scrape. Emptied when it reaches _MAX_HEADS.
-_HEADS: dict[tuple, tuple[str, str, int, bytes]] = {}
-_MAX_HEADS = 4096
-
-
-def _request_head(method: str, url: str, has_json: bool, headers: dict[str, str] | None):
+@functools.lru_cache(maxsize=4096)  # a reading asks the same few requests of a backend every scrape
+def _request_head(method: str, url: str, has_json: bool, headers: tuple[tuple[str, str], ...]):
     """(scheme, host, port, the request's line and headers without the blank line). Raises
     ValueError for a URL or header that cannot go out as HTTP/1.1."""
-    key = (method, url, has_json, tuple(headers.items()) if headers else ())
-    known = _HEADS.get(key)
-    if known is None:
-        if len(_HEADS) >= _MAX_HEADS:
-            _HEADS.clear()
-        known = _HEADS[key] = _new_request_head(method, url, has_json, headers)
-    return known
-
-
-def _new_request_head(method: str, url: str, has_json: bool, headers: dict[str, str] | None):
     parts = urlsplit(url)
     scheme, host, port = parts.scheme, parts.hostname or "", parts.port
     if scheme not in ("http", "https"):
@@ -191,7 +162,7 @@ def _new_request_head(method: str, url: str, has_json: bool, headers: dict[str, 
     sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Host": host_header}
     if has_json:
         sent["Content-Type"] = "application/json"
-    sent.update(headers or {})
+    sent.update(headers)
     lines = [f"{method} {path} HTTP/1.1\r\n"]
     for name, value in sent.items():
         if _CONTROL.search(name) or "\r" in value or "\n" in value:

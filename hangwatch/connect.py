@@ -1,20 +1,16 @@
-"""A reading's connection: resolved, connected and read on the event loop that made it.
+"""A reading's connection: resolved and connected by us, then read as a transport of the loop.
 
-Every connection — plain or TLS, on uvloop or stock asyncio — is a transport of the loop with
-one small protocol, ``Wire``. A transport keeps its socket in the loop's poller for the
-connection's life (uvloop's ``sock_recv`` made and closed a poll handle per wait: seven
-syscalls for one ``recvfrom``, bench/RESULTS-probe-cpu.md), and TLS is the loop's own
-(``create_connection(ssl=...)``). Resolution and each address's connect stay ours, so the client
-can tell which phase a deadline ended (resolving is not connecting). A connection belongs to
-its loop: the client's pool hands it to no other.
+Every connection — plain or TLS, uvloop or stock asyncio — is a transport with one small
+protocol, ``Wire``: the socket stays in the loop's poller for the connection's life (uvloop's
+``sock_recv`` made and dropped a poll handle per wait, bench/RESULTS-probe-cpu.md) and TLS is
+the loop's own. Resolving and each address's connect stay ours, so a deadline can tell which
+of them it ended. A connection belongs to the loop that made it (``Client`` keeps it per loop).
 """
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import ipaddress
-import os
 import socket
 import ssl
 
@@ -24,8 +20,8 @@ HIGH_WATER = 65536  # bytes kept unread before the transport stops reading (a pa
 
 @functools.lru_cache(maxsize=None)
 def tls_context() -> ssl.SSLContext:
-    """The one TLS configuration readings use (the system's CA store, host names checked),
-    built once and shared: building one reads the CA store, too much work per connection."""
+    """The one TLS configuration (the system's CA store, host names checked), built once and
+    shared: building one reads the CA store, too much work per connection."""
     return ssl.create_default_context()
 
 
@@ -43,9 +39,8 @@ class Wire(asyncio.Protocol):
     ``HIGH_WATER`` unread bytes the transport stops reading), its end recorded, one reader waiting."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket):
-        self.loop, self.sock = loop, sock  # (the socket: closed by us when its loop is gone)
+        self.loop, self.sock = loop, sock  # (the socket: ours to close once its loop is closed)
         self.transport: asyncio.Transport | None = None
-        self.tcp = None  # the transport's view of the TCP socket, for TCP_QUICKACK
         self.chunks: list[bytes] = []
         self.size = 0
         self.paused = self.ended = False
@@ -64,7 +59,7 @@ class Wire(asyncio.Protocol):
         self._wake()
 
     def eof_received(self) -> bool:
-        self.ended = True  # (over TLS also a close without close_notify: an end, as http.client reads one)
+        self.ended = True  # (over TLS also a close without close_notify: an end, as http.client read one)
         self._wake()
         return False  # the transport closes
 
@@ -77,26 +72,16 @@ class Wire(asyncio.Protocol):
             self.waiter.set_result(None)
 
     def send(self, data: bytes) -> None:
-        if self.error is not None:
-            raise self.error
-        self.transport.write(data)
+        self.transport.write(data)  # (to a connection already lost: nothing; ``recv`` says why)
 
     async def recv(self) -> bytes:
         """What arrived since the last call (b"": the server closed)."""
-        while True:
-            if self.chunks:
-                data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-                self.chunks.clear()
-                self.size = 0
-                if self.paused:
-                    self.paused = False
-                    self.transport.resume_reading()
-                return data
+        while not self.chunks:
             if self.error is not None:
                 raise self.error
             if self.ended:
                 return b""
-            if _QUICKACK is not None and self.tcp is not None:
+            if _QUICKACK is not None:
                 # Acknowledge at once: on a reused connection a server that writes its headers and
                 # body separately with Nagle on (cpp-httplib's default) would otherwise wait for our
                 # delayed ACK before sending the body (bench/RESULTS-client.md).
@@ -106,6 +91,13 @@ class Wire(asyncio.Protocol):
                 await self.waiter
             finally:
                 self.waiter = None
+        data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks.clear()
+        self.size = 0
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
 
     def usable(self) -> bool:
         """False when the server closed it or it holds stray bytes (an idle connection's checks)."""
@@ -138,15 +130,15 @@ async def resolve(loop, host: str, port: int) -> list:
 
 
 async def connect(loop, addresses: list, host: str, tls: bool) -> Wire:
-    """A ``Wire`` to the first of ``addresses`` that accepts (each tried in turn; the last one's
-    error is the caller's), its TLS handshake (for ``host``) done when ``tls``."""
+    """A ``Wire`` to the first of ``addresses`` that accepts (the last one's error otherwise),
+    its TLS handshake for ``host`` done when ``tls``."""
     error: OSError | None = None
     for family, address in addresses:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await _connected(loop, sock, address)
+            await loop.sock_connect(sock, address)
         except OSError as exc:
             sock.close()
             error = exc
@@ -155,31 +147,10 @@ async def connect(loop, addresses: list, host: str, tls: bool) -> Wire:
             sock.close()
             raise
         try:
-            _, wire = await loop.create_connection(lambda: Wire(loop, sock), sock=sock,
-                                                   ssl=tls_context() if tls else None,
+            _, wire = await loop.create_connection(lambda: Wire(loop, sock), sock=sock, ssl=tls_context() if tls else None,
                                                    server_hostname=host if tls else None)
         except BaseException:
             sock.close()
             raise
         return wire
     raise error or OSError(f"no address for {shown_host(host)}")
-
-
-async def _connected(loop, sock: socket.socket, address) -> None:
-    """``sock`` connected to ``address``. A second ``connect`` asks whether the handshake is done
-    already (on loopback it is), so the loop is waited on only for a connect still being made."""
-    code = sock.connect_ex(address)
-    if code in (errno.EINPROGRESS, errno.EAGAIN):
-        code = sock.connect_ex(address)
-        if code == errno.EISCONN:
-            code = 0
-        elif code in (errno.EALREADY, errno.EINPROGRESS):
-            writable = loop.create_future()
-            loop.add_writer(sock.fileno(), writable.set_result, None)
-            try:
-                await writable
-            finally:
-                loop.remove_writer(sock.fileno())
-            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    if code:
-        raise OSError(code, os.strerror(code))  # (ECONNREFUSED: a ConnectionRefusedError)
