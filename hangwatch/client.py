@@ -34,12 +34,11 @@ class _Request:
     def __init__(self):
         self.phase, self.wire, self.reused, self.answer, self.expired = "resolving", None, False, None, False
 
-
-def _expire(state: _Request, task: asyncio.Task) -> None:
-    """The deadline's one timer: the request's task is cancelled wherever it waits (Python 3.10
-    has no ``asyncio.timeout``; this is what it does)."""
-    state.expired = True
-    task.cancel()
+    def expire(self, task: asyncio.Task) -> None:
+        """The deadline's one timer: the request's task is cancelled wherever it waits (Python 3.10
+        has no ``asyncio.timeout``; this is what it does)."""
+        self.expired = True
+        task.cancel()
 
 
 class Client:
@@ -78,7 +77,7 @@ class Client:
                 return ended("no_time", started, **words)
             state = _Request()
             task = asyncio.current_task()
-            timer = loop.call_later(deadline.left(), _expire, state, task)
+            timer = loop.call_later(deadline.left(), state.expire, task)
             try:
                 fetched = await self._exchange(state, (loop, scheme, host, port), data, method, max_bytes, started)
             except asyncio.CancelledError:
@@ -149,9 +148,8 @@ def _request_head(method: str, url: str, has_json: bool, headers: tuple[tuple[st
         raise ValueError(f"no host in {url[:80]!r}")
     port = port or (443 if scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    found = _CONTROL.search(path)
-    if found:
-        raise ValueError(f"URL can't contain control characters. {path!r} (found at least {found.group()!r})")
+    if _CONTROL.search(path):
+        raise ValueError(f"URL can't contain control characters: {path!r}")
     host_header = parts.netloc.rpartition("@")[2]
     if not host_header.isascii():  # an internationalized name goes out as its IDNA (xn--) form
         try:

@@ -349,7 +349,7 @@ class TLSPageServer(SocketServer):
 
 
 def test_an_https_backend_is_read_and_its_connection_kept(tmp_path, monkeypatch, run):  # noqa: F811
-    """The handshake and every read on the loop (an ``SSLObject`` over the socket), the server's
+    """The handshake and every read on the loop (the loop's own TLS transport), the server's
     certificate checked against the trusted CAs, and the connection reused like a plain one."""
     from tests.webhook.certs import make_certs
     certs = make_certs(tmp_path / "certs")

@@ -28,7 +28,7 @@ from hangwatch.idlepool import IdlePool
 from hangwatch.observation import BLIND, TIMEOUT, UNREACHABLE, Options
 from hangwatch.observe import observe_backend
 from hangwatch.verdict import judge
-from tests.support.loops import run  # noqa: F401 (fixture)
+from tests.support.loops import LOOPS, run  # noqa: F401 (fixture)
 from tests.support.pages import Page, PageServer
 
 
@@ -173,25 +173,42 @@ def open_fds() -> set[str]:
 
 
 def test_a_connection_is_never_handed_to_another_loop(run):  # noqa: F811
-    """A connection belongs to the loop that made it. A ``Client`` shared by several loops (the
-    CLI's and the webhook's short ``run_sync`` loops) keeps one per loop, reused on that loop
-    only; the one a closed loop left behind is closed when the client next runs on another."""
+    """A connection belongs to the loop that made it: a ``Client`` used on two loops at once keeps
+    one per loop, each reused on its own loop only."""
     server = PageServer()
     server.pages["/metrics"] = Page(b"a 1\n")
     client = Client(max_idle=5)
-
-    async def twice():
-        return [await client.request("GET", server.url + "/metrics", deadline=Deadline.after(5)) for _ in range(2)]
+    loops = [LOOPS[run.kind](), asyncio.new_event_loop()]
     try:
-        for runner in (run, asyncio.run, run):
-            assert [fetched.body for fetched in runner(twice())] == [b"a 1\n"] * 2
-            assert len(client.idle) == 1  # this loop's: the one the loop before left was closed
+        for loop in loops + loops:
+            fetched = loop.run_until_complete(client.request("GET", server.url + "/metrics", deadline=Deadline.after(5)))
+            assert fetched.body == b"a 1\n", fetched
         assert isinstance(client.idle, IdlePool) and client.idle.max_idle == 5
-        assert server.connections == 3  # one per loop, reused within it
+        assert len(client.idle) == 2 and server.connections == 2  # one per loop, reused on it
+    finally:
+        client.close()
+        for loop in loops:
+            loop.run_until_complete(asyncio.sleep(0))  # (an aborted connection's socket closes at a turn)
+            loop.close()
+        server.stop()
+    assert len(client.idle) == 0
+
+
+def test_what_a_closed_loop_left_idle_is_closed_when_the_client_runs_on_another():
+    """Closing the client on its loop is the rule; a connection a closed loop left behind anyway
+    (its socket still open on stock asyncio) is closed by the next request on another loop."""
+    server = PageServer()
+    server.pages["/metrics"] = Page(b"a 1\n")
+    client = Client(max_idle=5)
+    try:
+        asyncio.run(client.request("GET", server.url + "/metrics", deadline=Deadline.after(5)))
+        (left,) = [wire for wires in client.idle._idle.values() for wire in wires]
+        assert left.loop.is_closed() and left.sock.fileno() >= 0
+        assert asyncio.run(client.request("GET", server.url + "/metrics", deadline=Deadline.after(5))).body == b"a 1\n"
+        assert left.sock.fileno() == -1 and len(client.idle) == 1 and server.connections == 2
     finally:
         client.close()
         server.stop()
-    assert len(client.idle) == 0
 
 
 def test_check_leaves_no_socket_open_after_its_loop_closes():
