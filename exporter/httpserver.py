@@ -19,8 +19,6 @@ import threading
 import time
 from typing import Callable, Mapping
 
-from hangwatch.streamwire import own_connections
-
 from .admission import IDLE_TIMEOUT, MAX_PIPELINED, Admission
 from .httpwire import BadRequest, Request, Response, Route, encode, head_length, plain
 
@@ -90,7 +88,6 @@ class BoundedHTTPServer:
     def serve_forever(self) -> None:
         self._stopped.clear()
         loop = self.loop = new_event_loop()
-        own_connections(loop)  # it runs as long as the server: a backend's connection may be its transport
         asyncio.set_event_loop(loop)
         try:
             server = loop.run_until_complete(loop.create_server(

@@ -1,113 +1,29 @@
 """HTTP for readings, on the running event loop: every byte of a request before one deadline.
 
 How a request fails is itself the reading (refused: down; accepted but silent: wedged), so each
-ending is told apart here, by the phase the request was in when it ended, and named once
-(``answer.ENDINGS``). One timer — the ``Deadline`` — bounds resolving, connecting, the TLS
-handshake, sending and every read, so a server that drips its answer cannot hold a reading past
-it. Sockets are plain non-blocking sockets used through the loop's ``sock_*`` calls (TLS through
-an ``ssl.SSLObject`` over them), so an idle keep-alive connection belongs to no loop: the CLI's
-and the webhook's ``asyncio.run`` calls can share a ``Client``. Redirects are never followed, so
-a target's API key only ever goes to that target.
+ending is told apart by the phase the request was in and named once (``answer.ENDINGS``). One
+timer bounds resolving, connecting, the TLS handshake, sending and every read: a server that
+drips its answer cannot hold a reading past it. Redirects are never followed, so a target's API
+key only ever goes to that target.
 """
 from __future__ import annotations
 
 import asyncio
-import errno
-import ipaddress
+import functools
 import json as jsonlib
-import os
 import re
-import socket
 import ssl
 import time
 from urllib.parse import urlsplit
 
 from .answer import ENDINGS, MAX_ERROR_BODY, MAX_PAGE_BYTES, USER_AGENT, Answer, BadAnswer, Fetched, ended
-from .connect import short_error, shown_host, tls_context
+from .connect import Wire, connect, resolve, short_error, shown_host
 from .deadline import Deadline
 from .idlepool import IdlePool
-from .streamwire import StreamWire, streams_on
 
 __all__ = ["ENDINGS", "MAX_ERROR_BODY", "MAX_PAGE_BYTES", "USER_AGENT", "Client", "Fetched", "ended"]
 
-_QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux
 _CONTROL = re.compile("[\x00-\x20\x7f]")            # what http.client refuses in a request's path
-RECV = 65536  # one read per page of a usual size; below malloc's mmap threshold (a fresh mmap per read is page faults)
-
-
-class _Closed(ConnectionResetError):
-    """The server closed the connection before a byte of an answer (http.client's RemoteDisconnected)."""
-
-
-class _Wire:
-    """A connected socket, and its TLS if any, used through whichever loop is running."""
-
-    __slots__ = ("sock", "tls", "incoming", "outgoing")
-
-    def __init__(self, sock: socket.socket):
-        self.sock, self.tls = sock, None
-        self.incoming = self.outgoing = None
-
-    async def start_tls(self, loop, host: str) -> None:
-        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self.tls = tls_context().wrap_bio(self.incoming, self.outgoing, server_hostname=host)
-        while True:
-            try:
-                self.tls.do_handshake()
-                break
-            except ssl.SSLWantReadError:
-                await self._flush(loop)
-                await self._pull(loop)
-        await self._flush(loop)
-
-    async def send(self, loop, data: bytes) -> None:
-        if self.tls is None:
-            await loop.sock_sendall(self.sock, data)
-            return
-        self.tls.write(data)
-        await self._flush(loop)
-
-    async def recv(self, loop) -> bytes:
-        """What arrived (b"": the server closed)."""
-        if self.tls is None:
-            if _QUICKACK is not None:
-                # Acknowledge at once: on a reused connection a server that writes its headers and
-                # body separately with Nagle on (cpp-httplib's default) would otherwise wait for our
-                # delayed ACK before sending the body (bench/RESULTS-client.md).
-                self.sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
-            return await loop.sock_recv(self.sock, RECV)
-        while True:
-            try:
-                return self.tls.read(RECV)
-            except ssl.SSLWantReadError:
-                await self._flush(loop)
-                await self._pull(loop)
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                return b""  # a close without close_notify is an end, as http.client reads one
-
-    async def _flush(self, loop) -> None:
-        pending = self.outgoing.read()
-        if pending:
-            await loop.sock_sendall(self.sock, pending)
-
-    async def _pull(self, loop) -> None:
-        data = await loop.sock_recv(self.sock, RECV)
-        if data:
-            self.incoming.write(data)
-        else:
-            self.incoming.write_eof()
-
-    def usable(self) -> bool:
-        """False when an idle connection was closed by the server (or holds stray bytes)."""
-        try:
-            return not self.sock.recv(1, socket.MSG_PEEK)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class _Request:
@@ -118,21 +34,22 @@ class _Request:
     def __init__(self):
         self.phase, self.wire, self.reused, self.answer, self.expired = "resolving", None, False, None, False
 
-
-def _expire(state: _Request, task: asyncio.Task) -> None:
-    """The deadline's one timer: the request's task is cancelled wherever it waits (Python 3.10
-    has no ``asyncio.timeout``; this is what it does)."""
-    state.expired = True
-    task.cancel()
+    def expire(self, task: asyncio.Task) -> None:
+        """The deadline's one timer: the request's task is cancelled wherever it waits (Python 3.10
+        has no ``asyncio.timeout``; this is what it does)."""
+        self.expired = True
+        task.cancel()
 
 
 class Client:
     """Requests with a deadline on the running loop, keeping up to ``max_idle`` idle keep-alive
-    connections (``IdlePool``; any loop, any thread may take one). ``headers`` go with a request
-    (the User-Agent always; an API key only where the caller passes it)."""
+    connections per loop and origin (a connection is its loop's: ``connect.Wire``). ``close`` on a
+    loop before it closes (``check_async`` does, on the CLI's and the webhook's short loops);
+    what a closed loop left is closed when the client next runs on another one."""
 
     def __init__(self, max_idle: int = 64):
-        self.idle: IdlePool[_Wire | StreamWire] = IdlePool(max_idle, usable=_usable, close=_close)
+        self.idle: IdlePool[Wire] = IdlePool(max_idle, usable=Wire.usable, close=Wire.close)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the last request's
 
     def close(self) -> None:
         self.idle.close()
@@ -143,33 +60,34 @@ class Client:
         started = time.monotonic()
         budget = max(0.0, deadline.left())
         try:
-            scheme, host, port, head = _request_head(method, url, json is not None, headers)
+            scheme, host, port, head = _request_head(method, url, json is not None,
+                                                     tuple(headers.items()) if headers else ())
         except (ValueError, UnicodeError) as exc:
             return ended("unreachable", started, why=short_error(exc))
         body = b"" if json is None else jsonlib.dumps(json).encode()
         data = head + (f"Content-Length: {len(body)}\r\n\r\n".encode() if body or method in ("POST", "PUT", "PATCH")
                        else b"\r\n") + body
         words = {"budget": budget, "host": host, "port": port, "max_bytes": max_bytes}
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop = loop
+            self.idle.close(lambda key: key[0].is_closed())  # (key: loop, then origin)
         for attempt in (0, 1):
             if budget <= 0 or deadline.expired:
                 return ended("no_time", started, **words)
             state = _Request()
             task = asyncio.current_task()
-            timer = asyncio.get_running_loop().call_later(deadline.left(), _expire, state, task)
+            timer = loop.call_later(deadline.left(), state.expire, task)
             try:
-                fetched = await self._exchange(state, (scheme, host, port), data, method, max_bytes, started)
+                fetched = await self._exchange(state, (loop, scheme, host, port), data, method, max_bytes, started)
             except asyncio.CancelledError:
                 if not state.expired or (hasattr(task, "uncancel") and task.uncancel() > 0):
                     raise  # cancelled by the caller (too): theirs to handle
                 return _timed_out(state, started, words)
-            except _Closed as exc:  # before a byte of an answer
-                if state.reused and attempt == 0:
-                    continue  # the server closed an idle keep-alive connection: once more, fresh
-                return ended("closed", started, why=short_error(exc))
             except (ConnectionResetError, BrokenPipeError) as exc:
-                if state.answer is None or state.answer.status is None:
+                if state.answer is None or state.answer.status is None:  # closed before an answer's head
                     if state.reused and attempt == 0:
-                        continue
+                        continue  # the server closed an idle keep-alive connection: once more, fresh
                     return ended("closed", started, why=short_error(exc))
                 return _failed(state, started, exc)
             except ConnectionRefusedError:
@@ -185,137 +103,43 @@ class Client:
             return fetched
         raise AssertionError("unreachable")
 
-    async def _exchange(self, state: _Request, origin, data: bytes, method: str, max_bytes: int,
+    async def _exchange(self, state: _Request, key: tuple, data: bytes, method: str, max_bytes: int,
                         started: float) -> Fetched:
-        loop = asyncio.get_running_loop()
-        wire = self.idle.take(origin)
+        loop, scheme, host, port = key
+        wire = self.idle.take(key)
         state.reused = wire is not None
         if wire is None:
-            wire = await _connect(loop, state, *origin)
+            addresses = await resolve(loop, host, port)
+            state.phase = "connecting"  # (a TLS handshake that runs out of time: a connect that did)
+            wire = await connect(loop, addresses, host, tls=scheme == "https")
         state.wire, state.phase = wire, "sending"
-        await wire.send(loop, data)
+        wire.send(data)
         state.phase = "head"
         answer = state.answer = Answer(max_bytes, head_only=method == "HEAD")
         while not (answer.complete or answer.over):
-            received = await wire.recv(loop)
+            received = await wire.recv()
             if not received:
-                if not answer.received:
-                    raise _Closed("Remote end closed connection without response")
                 answer.eof()
-                if not answer.complete:
-                    raise _Closed("Remote end closed connection without response")
+                if not answer.complete:  # (http.client's RemoteDisconnected)
+                    raise ConnectionResetError("Remote end closed connection without response")
                 break
             answer.feed(received)
         status, body = answer.status, answer.body()
-        if answer.over:
-            if status < 300:
-                return ended("too_large", started, http_status=status, max_bytes=max_bytes)
-            return ended("http_error", started, http_status=status, body=body[:MAX_ERROR_BODY],
-                         content_type=answer.content_type)
-        if answer.keep_alive:
+        if answer.keep_alive and not answer.over:  # (past the limit, the rest of it is unread)
             state.wire = None
-            self.idle.give_back(origin, wire)
+            self.idle.give_back(key, wire)
+        if answer.over and status < 300:
+            return ended("too_large", started, http_status=status, max_bytes=max_bytes)
         if status >= 300:
             return ended("http_error", started, http_status=status, body=body[:MAX_ERROR_BODY],
                          content_type=answer.content_type)
         return ended("ok", started, http_status=status, body=body, content_type=answer.content_type)
 
 
-def _usable(wire) -> bool:
-    return wire.usable()
-
-
-def _close(wire) -> None:
-    wire.close()
-
-
-async def _connect(loop, state: _Request, scheme: str, host: str, port: int) -> _Wire | StreamWire:
-    """A connection to ``host:port``: resolved (an address literal needs no lookup), then each
-    address tried in turn; the last one's error is the request's."""
-    try:
-        address = ipaddress.ip_address(host)
-        addresses = [(socket.AF_INET6 if address.version == 6 else socket.AF_INET, (host, port))]
-    except ValueError:
-        addresses = await _resolve(loop, host, port)
-    state.phase = "connecting"
-    error: OSError | None = None
-    for family, address in addresses:
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await _connected(loop, sock, address)
-        except OSError as exc:
-            sock.close()
-            error = exc
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        if scheme == "http" and streams_on(loop):
-            try:
-                wire = state.wire = await StreamWire.over(loop, sock)
-            except BaseException:
-                sock.close()
-                raise
-            return wire
-        wire = _Wire(sock)
-        state.wire = wire
-        if scheme == "https":
-            await wire.start_tls(loop, host)  # (a handshake that runs out of time: a connect that did)
-        return wire
-    raise error or OSError(f"no address for {shown_host(host)}")
-
-
-async def _connected(loop, sock: socket.socket, address) -> None:
-    """``sock`` connected to ``address``. A second ``connect`` asks whether the handshake is done
-    already (on loopback it is), so the loop is waited on only for a connect still being made."""
-    code = sock.connect_ex(address)
-    if code in (errno.EINPROGRESS, errno.EAGAIN):
-        code = sock.connect_ex(address)
-        if code == errno.EISCONN:
-            code = 0
-        elif code in (errno.EALREADY, errno.EINPROGRESS):
-            writable = loop.create_future()
-            loop.add_writer(sock.fileno(), writable.set_result, None)
-            try:
-                await writable
-            finally:
-                loop.remove_writer(sock.fileno())
-            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    if code:
-        raise OSError(code, os.strerror(code))  # (ECONNREFUSED: a ConnectionRefusedError)
-
-
-async def _resolve(loop, host: str, port: int) -> list:
-    try:
-        found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except UnicodeError as exc:  # IDNA: a label over 63 characters, an empty label (a..b)
-        raise OSError(f"{shown_host(host)} is not a valid host name ({exc})") from None
-    except OSError as exc:
-        raise OSError(f"cannot resolve {shown_host(host)}: {short_error(exc)}") from None
-    return [(family, address) for family, _, _, _, address in found]
-
-
-# (method, url, has_json, headers) -> _request_head's answer: a reading asks the same few
-# requests of a backend every scrape. Emptied when it reaches _MAX_HEADS.
-_HEADS: dict[tuple, tuple[str, str, int, bytes]] = {}
-_MAX_HEADS = 4096
-
-
-def _request_head(method: str, url: str, has_json: bool, headers: dict[str, str] | None):
+@functools.lru_cache(maxsize=4096)  # a reading asks the same few requests of a backend every scrape
+def _request_head(method: str, url: str, has_json: bool, headers: tuple[tuple[str, str], ...]):
     """(scheme, host, port, the request's line and headers without the blank line). Raises
     ValueError for a URL or header that cannot go out as HTTP/1.1."""
-    key = (method, url, has_json, tuple(headers.items()) if headers else ())
-    known = _HEADS.get(key)
-    if known is None:
-        if len(_HEADS) >= _MAX_HEADS:
-            _HEADS.clear()
-        known = _HEADS[key] = _new_request_head(method, url, has_json, headers)
-    return known
-
-
-def _new_request_head(method: str, url: str, has_json: bool, headers: dict[str, str] | None):
     parts = urlsplit(url)
     scheme, host, port = parts.scheme, parts.hostname or "", parts.port
     if scheme not in ("http", "https"):
@@ -324,9 +148,8 @@ def _new_request_head(method: str, url: str, has_json: bool, headers: dict[str, 
         raise ValueError(f"no host in {url[:80]!r}")
     port = port or (443 if scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    found = _CONTROL.search(path)
-    if found:
-        raise ValueError(f"URL can't contain control characters. {path!r} (found at least {found.group()!r})")
+    if _CONTROL.search(path):
+        raise ValueError(f"URL can't contain control characters: {path!r}")
     host_header = parts.netloc.rpartition("@")[2]
     if not host_header.isascii():  # an internationalized name goes out as its IDNA (xn--) form
         try:
@@ -337,7 +160,7 @@ def _new_request_head(method: str, url: str, has_json: bool, headers: dict[str, 
     sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Host": host_header}
     if has_json:
         sent["Content-Type"] = "application/json"
-    sent.update(headers or {})
+    sent.update(headers)
     lines = [f"{method} {path} HTTP/1.1\r\n"]
     for name, value in sent.items():
         if _CONTROL.search(name) or "\r" in value or "\n" in value:

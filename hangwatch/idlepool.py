@@ -1,8 +1,7 @@
 """Idle keep-alive connections, kept per origin and handed out again: the exporter reads the same
-backends every scrape, and a new connection per reading costs a handshake and a socket. One pool
-for every client (``hangwatch.client.Client``, the exporter's included),
-so the rules (a connection the server closed is never handed out; at most ``max_idle`` in all, the
-least recently used origin giving one up first) are written once.
+backends every scrape, and a new connection per reading costs a handshake and a socket. The rules
+(a connection the server closed is never handed out; at most ``max_idle`` in all, the least
+recently used origin giving one up first) are written once, here.
 """
 from __future__ import annotations
 
@@ -62,9 +61,11 @@ class IdlePool(Generic[Connection]):
         for connection in evicted:
             self._close(connection)
 
-    def close(self) -> None:
+    def close(self, gone: Callable[[Hashable], bool] = lambda origin: True) -> None:
+        """Close the idle connections to every origin (or to those ``gone`` says)."""
         with self._lock:
-            idle, self._idle, self._count = self._idle, OrderedDict(), 0
-        for connections in idle.values():
+            dropped = [self._idle.pop(origin) for origin in [o for o in self._idle if gone(o)]]
+            self._count -= sum(map(len, dropped))
+        for connections in dropped:
             for connection in connections:
                 self._close(connection)

@@ -3,27 +3,32 @@ never completes (unreachable: down, never the wedge of an accepted-but-silent se
 never ends (cut off at the size cap: blind, not a timeout), and a silent server under a short
 deadline (the reading ends at that deadline, not at some per-read timeout of its own). And the
 idle pool's own limits (``hangwatch.idlepool.IdlePool``): a connection the server closed is never
-handed out, at most ``max_idle`` are kept, the least recently used origin gives one up first.
+handed out, at most ``max_idle`` are kept, the least recently used origin gives one up first; a
+connection is never handed to another loop, and none outlives the short loop that made it.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from hangwatch.check import check
 from hangwatch.client import Client
 from hangwatch.deadline import Deadline
+from hangwatch.demo.wait import wait_until
 from hangwatch.idlepool import IdlePool
 from hangwatch.observation import BLIND, TIMEOUT, UNREACHABLE, Options
 from hangwatch.observe import observe_backend
 from hangwatch.verdict import judge
-from tests.support.loops import run  # noqa: F401 (fixture)
+from tests.support.loops import LOOPS, run  # noqa: F401 (fixture)
 from tests.support.pages import Page, PageServer
 
 
@@ -163,23 +168,61 @@ def test_threads_taking_and_giving_back_never_share_a_connection_or_lose_count()
     assert len(idle) <= 16
 
 
-def test_one_client_keeps_one_connection_across_loops(run):  # noqa: F811
-    """A ``Client`` shared by several ``asyncio.run`` calls (the CLI, the webhook's threads) keeps
-    its idle connection: the pool holds plain sockets, no loop's transports."""
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_connection_is_never_handed_to_another_loop(run):  # noqa: F811
+    """A connection belongs to the loop that made it: a ``Client`` used on two loops at once keeps
+    one per loop, each reused on its own loop only."""
+    server = PageServer()
+    server.pages["/metrics"] = Page(b"a 1\n")
+    client = Client(max_idle=5)
+    loops = [LOOPS[run.kind](), asyncio.new_event_loop()]
+    try:
+        for loop in loops + loops:
+            fetched = loop.run_until_complete(client.request("GET", server.url + "/metrics", deadline=Deadline.after(5)))
+            assert fetched.body == b"a 1\n", fetched
+        assert isinstance(client.idle, IdlePool) and client.idle.max_idle == 5
+        assert len(client.idle) == 2 and server.connections == 2  # one per loop, reused on it
+    finally:
+        client.close()
+        for loop in loops:
+            loop.run_until_complete(asyncio.sleep(0))  # (an aborted connection's socket closes at a turn)
+            loop.close()
+        server.stop()
+    assert len(client.idle) == 0
+
+
+def test_what_a_closed_loop_left_idle_is_closed_when_the_client_runs_on_another():
+    """Closing the client on its loop is the rule; a connection a closed loop left behind anyway
+    (its socket still open on stock asyncio) is closed by the next request on another loop."""
     server = PageServer()
     server.pages["/metrics"] = Page(b"a 1\n")
     client = Client(max_idle=5)
     try:
-        for runner in (run, asyncio.run, run):
-            fetched = runner(client.request("GET", server.url + "/metrics", deadline=Deadline.after(5)))
-            assert fetched.body == b"a 1\n", fetched
-        assert isinstance(client.idle, IdlePool) and client.idle.max_idle == 5 and len(client.idle) == 1
-        # (a loop that owns its connections, the exporter's, keeps its own: the others a plain socket)
-        assert server.connections == (2 if run.kind == "uvloop-owning" else 1)
+        asyncio.run(client.request("GET", server.url + "/metrics", deadline=Deadline.after(5)))
+        (left,) = [wire for wires in client.idle._idle.values() for wire in wires]
+        assert left.loop.is_closed() and left.sock.fileno() >= 0
+        assert asyncio.run(client.request("GET", server.url + "/metrics", deadline=Deadline.after(5))).body == b"a 1\n"
+        assert left.sock.fileno() == -1 and len(client.idle) == 1 and server.connections == 2
     finally:
         client.close()
         server.stop()
-    assert len(client.idle) == 0
+
+
+def test_check_leaves_no_socket_open_after_its_loop_closes():
+    """``check`` runs on a short loop of its own (``run_sync``) against a keep-alive server: the
+    connection it kept between readings is closed before that loop is, so no descriptor is left."""
+    server = PageServer()
+    server.pages["/metrics"] = Page((Path(__file__).parent / "data" / "vllm-0.32" / "idle.prom").read_bytes())
+    try:
+        before = open_fds()
+        result = check(server.url, interval=0.05, timeout=2)
+        assert result.observations and server.connections < len(result.observations) * 3  # kept between readings
+        wait_until(lambda: open_fds() <= before, 5, "every socket of the check closed", interval=0.01)
+    finally:
+        server.stop()
 
 
 STUCK_LOOKUP = """

@@ -131,10 +131,18 @@ def test_probe_answers_within_the_scrape_budget_when_the_backend_drips(hostile, 
 def test_a_keepalive_connection_the_server_dropped_is_never_read_as_a_failure(hostile):
     server = hostile({"/metrics": "keepalive_then_close"}, body=IDLE_PAGE, gap=0.05)
     client = Client()
-    for n in range(1, 4):
-        fetched = get(client, server.url + "/metrics", 2)
-        assert fetched.status == OK and fetched.body == IDLE_PAGE
-        wait_until(lambda: server.closed == n, 5, f"the server to close idle connection {n}", interval=0.01)
+    loop = asyncio.new_event_loop()  # one loop throughout: its idle connection is its own
+    try:
+        for n in range(1, 4):
+            fetched = loop.run_until_complete(client.request("GET", server.url + "/metrics",
+                                                             deadline=Deadline.after(2)))
+            assert fetched.status == OK and fetched.body == IDLE_PAGE
+            assert len(client.idle) == 1  # kept: the connection the server then drops
+            wait_until(lambda: server.closed == n, 5, f"the server to close idle connection {n}", interval=0.01)
+    finally:
+        client.close()
+        loop.run_until_complete(asyncio.sleep(0))  # (the aborted connection's socket closes at a turn)
+        loop.close()
     assert len(server.requests) == 3
 
 
@@ -144,9 +152,14 @@ def test_one_keepalive_connection_serves_reading_after_reading(backend):
     backend.pages["/metrics"] = Page(IDLE_PAGE)
 
     def twenty_readings(client: Client) -> float:
+        async def twenty():  # on one loop: a connection is its loop's
+            try:
+                for _ in range(20):
+                    assert (await client.request("GET", backend.url + "/metrics", deadline=Deadline.after(2))).status == OK
+            finally:
+                client.close()
         started = time.monotonic()
-        for _ in range(20):
-            assert get(client, backend.url + "/metrics", 2).status == OK
+        asyncio.run(twenty())
         return time.monotonic() - started
 
     fresh = twenty_readings(Client(max_idle=0))  # the baseline: a new connection per reading, no stall

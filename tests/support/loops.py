@@ -7,17 +7,7 @@ import asyncio
 import pytest
 import uvloop
 
-from hangwatch.streamwire import own_connections
-
-
-def _owning_uvloop():
-    """uvloop as the exporter runs it: for the process's life, its plain connections its transports."""
-    loop = uvloop.new_event_loop()
-    own_connections(loop)
-    return loop
-
-
-LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop, "uvloop-owning": _owning_uvloop}
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture(params=sorted(LOOPS))
