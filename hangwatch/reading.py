@@ -309,6 +309,49 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
     return reading
 
 
+# (engine, sample name, labels) -> what a sample of that series feeds (``_roles``). A series'
+# labels are the same from scrape to scrape and across a fleet's backends; only its value moves,
+# so the label work (splitting the pairs, the filters, the model's name) is done once per series.
+# Bounded: emptied when it reaches SERIES_KEPT (a page's wanted lines are a few dozen).
+SERIES_KEPT = 16384
+_roles_of: dict[tuple[str, str, str], tuple[tuple[str, ...], bool, str | None]] = {}
+
+
+def _roles(spec: EngineMetrics, name: str, labels: str, fields: tuple[str, ...]) -> tuple[tuple[str, ...], bool, str | None]:
+    """What one series (``name{labels}``) feeds: (the fields its value is added to, whether
+    a 0 value means the engine sleeps, the model it names for ``running`` or None)."""
+    pairs: dict[str, str] | None = None
+
+    def label(wanted: str) -> str | None:
+        nonlocal pairs
+        if pairs is None:
+            pairs = dict(_LABEL_PAIR.findall(labels))
+        return pairs.get(wanted)
+
+    adds: list[str] = []
+    sleeps, model = False, None
+    for field_name in fields:
+        if field_name == "sleep_state":
+            _, sleep_label, awake = spec.sleep_state
+            sleeps = sleeps or label(sleep_label) == awake
+            continue
+        if field_name == "deferred":
+            _, deferred_label, wanted = spec.deferred
+            if label(deferred_label) != wanted:
+                continue
+        wanted_labels = spec.label_filters.get(field_name)
+        if wanted_labels is not None and not wanted_labels.admits(label(wanted_labels.label)):
+            continue
+        adds.append(field_name)
+        if spec.model_label and labels and field_name == "running":
+            named = label(spec.model_label)
+            model = named[:MAX_MODEL_NAME] if named else None
+    if len(_roles_of) >= SERIES_KEPT:
+        _roles_of.clear()
+    roles = _roles_of[(spec.name, name, labels)] = (tuple(adds), sleeps, model)
+    return roles
+
+
 def _read(page: str | bytes, spec: EngineMetrics, plan: _Plan, lines: list[str]) -> tuple[Reading, bool]:
     """The Reading from the wanted ``lines``, and whether it depended on them alone (not on
     the rest of ``page``: a family declared with no sample yet)."""
@@ -317,36 +360,25 @@ def _read(page: str | bytes, spec: EngineMetrics, plan: _Plan, lines: list[str])
     seen: set[tuple[str, str]] = set()
     models: dict[str, None] = {}  # an ordered set: membership is O(1)
     asleep = False
+    fields_of, engine = plan.fields_of, spec.name
     # Only the ~40 wanted lines are looked at in Python (``wanted_lines``).
     for line in lines:
         name, labels, value_text = _split_sample(line)
-        fields = plan.fields_of.get(name)
+        fields = fields_of.get(name)
         if fields is None:
             continue  # (wanted_lines gives wanted names only)
         if (name, labels) in seen:
             raise UnreadablePage(f"duplicate series {name}{{{labels}}}")
         seen.add((name, labels))
         value = _number(value_text, name)
-        for field_name in fields:
-            if field_name == "sleep_state":
-                _, label, awake = spec.sleep_state
-                if dict(_LABEL_PAIR.findall(labels)).get(label) == awake and value == 0:
-                    asleep = True
-                continue
-            if field_name == "deferred":
-                _, label, wanted = spec.deferred
-                if dict(_LABEL_PAIR.findall(labels)).get(label) != wanted:
-                    continue
-            wanted_labels = spec.label_filters.get(field_name)
-            if wanted_labels is not None and not wanted_labels.admits(
-                    dict(_LABEL_PAIR.findall(labels)).get(wanted_labels.label)):
-                continue
+        adds, sleeps, model = _roles_of.get((engine, name, labels)) or _roles(spec, name, labels, fields)
+        if sleeps and value == 0:
+            asleep = True
+        for field_name in adds:
             key = (field_name, name)
             samples[key] = samples.get(key, 0.0) + value
-            if spec.model_label and labels and field_name == "running" and len(models) < MAX_MODELS:
-                model = dict(_LABEL_PAIR.findall(labels)).get(spec.model_label)
-                if model:
-                    models.setdefault(model[:MAX_MODEL_NAME])
+        if model is not None and len(models) < MAX_MODELS:
+            models.setdefault(model)
 
     def pick(field_name: str) -> float | None:
         nonlocal looked_beyond
