@@ -232,11 +232,8 @@ _PLANS = {name: _plan_for(engine) for name, engine in ENGINES_BY_NAME.items()}
 
 # An idle engine's wanted lines are the same at both readings of an idle check and from scrape
 # to scrape, so the Reading made from them is kept (by a digest of the lines, per engine) and
-# given again; only a Reading that depended on nothing but its lines is kept, and only an idle
-# one (nothing in flight): a busy engine's counters move every scrape, so its Reading is never
-# asked for again, and keeping it would only push idle ones out (and keep garbage alive into
-# the collector's oldest generation). At most this many, the least recently used going first
-# (one per backend of a large idle fleet).
+# given again; only a Reading that depended on nothing but its lines is kept. At most this
+# many, the least recently used going first (one per backend of a large idle fleet).
 READINGS_KEPT = 1024
 _made: OrderedDict[tuple[str, bytes], "Reading"] = OrderedDict()
 _made_lock = threading.Lock()  # the webhook reads on its own thread
@@ -304,7 +301,7 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
             _made.move_to_end(key)
             return made
     reading, by_lines_alone = _read(page, spec, plan, [line.decode("utf-8", "replace") for line in raw])
-    if by_lines_alone and reading.in_flight == 0:
+    if by_lines_alone:
         with _made_lock:
             _made[key] = reading
             while len(_made) > READINGS_KEPT:

@@ -66,15 +66,3 @@ def test_at_most_readings_kept_are_kept(monkeypatch):
     assert len(reading._made) == 3
     assert parse(pages[4], "vllm") is made[4]
     assert parse(pages[0], "vllm") is not made[0]  # the oldest went first
-
-
-def test_a_busy_reading_is_not_kept():
-    """Requests in flight: its counters move every scrape, so it would only push idle ones out."""
-    busy = IDLE.replace(b'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 0.0',
-                        b'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 3.0')
-    first = parse(busy, "vllm")
-    assert first.running == 3.0 and reading._made == {}
-    again = parse(busy, "vllm")
-    assert again == first and again is not first
-    idle = parse(IDLE, "vllm")
-    assert idle.in_flight == 0 and len(reading._made) == 1 and parse(IDLE, "vllm") is idle
