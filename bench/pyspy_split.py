@@ -17,7 +17,8 @@ import argparse
 import collections
 import re
 
-IDLE = ("epoll_pwait", "epoll_wait", "select", "pselect", "poll")
+IDLE = ("epoll_pwait", "epoll_wait", "select", "pselect", "poll",
+        "BoundedHTTPServer.serve_forever", "serve_until_signalled")  # the last two: a profile without --native
 ROOMS = {
     "client transport": ("hangwatch/client.py", "hangwatch/answer.py", "hangwatch/streamwire.py",
                          "hangwatch/connect.py", "hangwatch/idlepool.py"),
