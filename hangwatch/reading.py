@@ -312,8 +312,11 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
 # (engine, sample name, labels) -> what a sample of that series feeds (``_roles``). A series'
 # labels are the same from scrape to scrape and across a fleet's backends; only its value moves,
 # so the label work (splitting the pairs, the filters, the model's name) is done once per series.
-# Bounded: emptied when it reaches SERIES_KEPT (a page's wanted lines are a few dozen).
-SERIES_KEPT = 16384
+# Bounded (a page is untrusted): only labels of at most KEPT_LABELS characters are kept (vLLM's
+# are under 100), at most SERIES_KEPT series, emptied when full (a page's wanted lines are a
+# few dozen, the same on every backend of one engine and model): a few MB at worst.
+SERIES_KEPT = 4096
+KEPT_LABELS = 512
 _roles_of: dict[tuple[str, str, str], tuple[tuple[str, ...], bool, str | None]] = {}
 
 
@@ -346,9 +349,11 @@ def _roles(spec: EngineMetrics, name: str, labels: str, fields: tuple[str, ...])
         if spec.model_label and labels and field_name == "running":
             named = label(spec.model_label)
             model = named[:MAX_MODEL_NAME] if named else None
-    if len(_roles_of) >= SERIES_KEPT:
-        _roles_of.clear()
-    roles = _roles_of[(spec.name, name, labels)] = (tuple(adds), sleeps, model)
+    roles = (tuple(adds), sleeps, model)
+    if len(labels) <= KEPT_LABELS:
+        if len(_roles_of) >= SERIES_KEPT:
+            _roles_of.clear()
+        _roles_of[(spec.name, name, labels)] = roles
     return roles
 
 

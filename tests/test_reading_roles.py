@@ -65,3 +65,14 @@ def test_the_kept_series_are_bounded(monkeypatch):
     assert len(reading._roles_of) <= 8
     assert first.running == 40 and first.waiting == 2 and first.models == tuple(f"m{n}" for n in range(32))
     assert parse(page.replace(" 1.0\n", " 2.0\n"), "vllm").running == 80
+
+
+def test_long_labels_are_read_but_not_kept():
+    """A page is untrusted: a series with huge labels is read every time, never kept."""
+    model = "m" * 1000
+    page = (f'vllm:num_requests_running{{engine="0",model_name="{model}"}} 1.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n')
+    for _ in range(2):
+        read = parse(page, "vllm")
+        assert read.running == 1.0 and read.models == (model[:reading.MAX_MODEL_NAME],)
+    assert [key[1] for key in reading._roles_of] == ["vllm:num_requests_waiting"]
