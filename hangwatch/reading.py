@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .engines import COUNTER_FIELDS, ENGINES_BY_NAME, EngineMetrics, detect_engine
+from .seriesroles import kept_roles, roles
 
 # A page is untrusted input: at most this many model names are taken from it, each cut to this
 # many characters (a real server serves a handful; 50,000 names would be 50,000 series).
@@ -120,7 +121,6 @@ class Reading:
 _LABELS = r'(?:\{(?P<labels>(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*)\})?'
 _VALUE = r'[ \t]+(?P<value>[^ \t\n]+)(?:[ \t]+-?\d+)?[ \t]*$'
 _COMPLETE_LINE = re.compile(r'^(?:#.*|[A-Za-z_:][A-Za-z0-9_:]*' + _LABELS + r'[ \t]+\S+(?:[ \t]+-?\d+)?[ \t]*)$')
-_LABEL_PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -309,54 +309,6 @@ def parse(page: str | bytes, engine: str | None = None) -> Reading:
     return reading
 
 
-# (engine, sample name, labels) -> what a sample of that series feeds (``_roles``). A series'
-# labels are the same from scrape to scrape and across a fleet's backends; only its value moves,
-# so the label work (splitting the pairs, the filters, the model's name) is done once per series.
-# Bounded (a page is untrusted): only labels of at most KEPT_LABELS characters are kept (vLLM's
-# are under 100), at most SERIES_KEPT series, emptied when full (a page's wanted lines are a
-# few dozen, the same on every backend of one engine and model): a few MB at worst.
-SERIES_KEPT = 4096
-KEPT_LABELS = 512
-_roles_of: dict[tuple[str, str, str], tuple[tuple[str, ...], bool, str | None]] = {}
-
-
-def _roles(spec: EngineMetrics, name: str, labels: str, fields: tuple[str, ...]) -> tuple[tuple[str, ...], bool, str | None]:
-    """What one series (``name{labels}``) feeds: (the fields its value is added to, whether
-    a 0 value means the engine sleeps, the model it names for ``running`` or None)."""
-    pairs: dict[str, str] | None = None
-
-    def label(wanted: str) -> str | None:
-        nonlocal pairs
-        if pairs is None:
-            pairs = dict(_LABEL_PAIR.findall(labels))
-        return pairs.get(wanted)
-
-    adds: list[str] = []
-    sleeps, model = False, None
-    for field_name in fields:
-        if field_name == "sleep_state":
-            _, sleep_label, awake = spec.sleep_state
-            sleeps = sleeps or label(sleep_label) == awake
-            continue
-        if field_name == "deferred":
-            _, deferred_label, wanted = spec.deferred
-            if label(deferred_label) != wanted:
-                continue
-        wanted_labels = spec.label_filters.get(field_name)
-        if wanted_labels is not None and not wanted_labels.admits(label(wanted_labels.label)):
-            continue
-        adds.append(field_name)
-        if spec.model_label and labels and field_name == "running":
-            named = label(spec.model_label)
-            model = named[:MAX_MODEL_NAME] if named else None
-    roles = (tuple(adds), sleeps, model)
-    if len(labels) <= KEPT_LABELS:
-        if len(_roles_of) >= SERIES_KEPT:
-            _roles_of.clear()
-        _roles_of[(spec.name, name, labels)] = roles
-    return roles
-
-
 def _read(page: str | bytes, spec: EngineMetrics, plan: _Plan, lines: list[str]) -> tuple[Reading, bool]:
     """The Reading from the wanted ``lines``, and whether it depended on them alone (not on
     the rest of ``page``: a family declared with no sample yet)."""
@@ -376,14 +328,14 @@ def _read(page: str | bytes, spec: EngineMetrics, plan: _Plan, lines: list[str])
             raise UnreadablePage(f"duplicate series {name}{{{labels}}}")
         seen.add((name, labels))
         value = _number(value_text, name)
-        adds, sleeps, model = _roles_of.get((engine, name, labels)) or _roles(spec, name, labels, fields)
+        adds, sleeps, model = kept_roles.get((engine, name, labels)) or roles(spec, name, labels, fields)
         if sleeps and value == 0:
             asleep = True
         for field_name in adds:
             key = (field_name, name)
             samples[key] = samples.get(key, 0.0) + value
-        if model is not None and len(models) < MAX_MODELS:
-            models.setdefault(model)
+        if model and len(models) < MAX_MODELS:
+            models.setdefault(model[:MAX_MODEL_NAME])
 
     def pick(field_name: str) -> float | None:
         nonlocal looked_beyond

@@ -1,4 +1,4 @@
-"""``reading`` keeps what each series' labels mean (the fields it feeds, sleep, the model) per
+"""``reading`` keeps (``seriesroles``) what each series' labels mean (the fields it feeds, sleep, the model) per
 (engine, name, labels), so a busy page whose values move costs only its values. What is kept
 must never change a reading: every capture reads the same with the memo empty, full, or
 emptied on the way (its bound reached)."""
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hangwatch import reading
+from hangwatch import reading, seriesroles
 from hangwatch.reading import parse
 
 DATA = Path(__file__).parent / "data"
@@ -18,10 +18,10 @@ PAGES = sorted(DATA.glob("*/*.prom"))
 @pytest.fixture(autouse=True)
 def nothing_kept():
     reading._made.clear()
-    reading._roles_of.clear()
+    seriesroles.kept_roles.clear()
     yield
     reading._made.clear()
-    reading._roles_of.clear()
+    seriesroles.kept_roles.clear()
 
 
 def _reading_or_error(page: str):
@@ -35,11 +35,11 @@ def test_every_capture_reads_the_same_with_the_series_kept_or_not():
     assert PAGES
     fresh = {}
     for path in PAGES:
-        reading._roles_of.clear()
+        seriesroles.kept_roles.clear()
         fresh[path] = _reading_or_error(path.read_text())
     kept = {path: _reading_or_error(path.read_text()) for path in PAGES}  # roles kept across pages
     assert kept == fresh
-    assert reading._roles_of
+    assert seriesroles.kept_roles
 
 
 def test_the_same_labels_read_by_another_rule_are_not_confused():
@@ -58,11 +58,11 @@ def test_the_same_labels_read_by_another_rule_are_not_confused():
 
 
 def test_the_kept_series_are_bounded(monkeypatch):
-    monkeypatch.setattr(reading, "SERIES_KEPT", 8)
+    monkeypatch.setattr(seriesroles, "SERIES_KEPT", 8)
     lines = [f'vllm:num_requests_running{{engine="{n}",model_name="m{n}"}} 1.0' for n in range(40)]
     page = "\n".join(lines + ['vllm:num_requests_waiting{engine="0",model_name="m0"} 2.0']) + "\n"
     first = parse(page, "vllm")
-    assert len(reading._roles_of) <= 8
+    assert len(seriesroles.kept_roles) <= 8
     assert first.running == 40 and first.waiting == 2 and first.models == tuple(f"m{n}" for n in range(32))
     assert parse(page.replace(" 1.0\n", " 2.0\n"), "vllm").running == 80
 
@@ -75,4 +75,4 @@ def test_long_labels_are_read_but_not_kept():
     for _ in range(2):
         read = parse(page, "vllm")
         assert read.running == 1.0 and read.models == (model[:reading.MAX_MODEL_NAME],)
-    assert [key[1] for key in reading._roles_of] == ["vllm:num_requests_waiting"]
+    assert [key[1] for key in seriesroles.kept_roles] == ["vllm:num_requests_waiting"]
