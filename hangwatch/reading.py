@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .engines import COUNTER_FIELDS, ENGINES_BY_NAME, EngineMetrics, detect_engine
+from .seriesroles import kept_roles, roles
 
 # A page is untrusted input: at most this many model names are taken from it, each cut to this
 # many characters (a real server serves a handful; 50,000 names would be 50,000 series).
@@ -120,7 +121,6 @@ class Reading:
 _LABELS = r'(?:\{(?P<labels>(?:[^"}\n]|"(?:[^"\\\n]|\\.)*")*)\})?'
 _VALUE = r'[ \t]+(?P<value>[^ \t\n]+)(?:[ \t]+-?\d+)?[ \t]*$'
 _COMPLETE_LINE = re.compile(r'^(?:#.*|[A-Za-z_:][A-Za-z0-9_:]*' + _LABELS + r'[ \t]+\S+(?:[ \t]+-?\d+)?[ \t]*)$')
-_LABEL_PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -317,36 +317,25 @@ def _read(page: str | bytes, spec: EngineMetrics, plan: _Plan, lines: list[str])
     seen: set[tuple[str, str]] = set()
     models: dict[str, None] = {}  # an ordered set: membership is O(1)
     asleep = False
+    fields_of, engine = plan.fields_of, spec.name
     # Only the ~40 wanted lines are looked at in Python (``wanted_lines``).
     for line in lines:
         name, labels, value_text = _split_sample(line)
-        fields = plan.fields_of.get(name)
+        fields = fields_of.get(name)
         if fields is None:
             continue  # (wanted_lines gives wanted names only)
         if (name, labels) in seen:
             raise UnreadablePage(f"duplicate series {name}{{{labels}}}")
         seen.add((name, labels))
         value = _number(value_text, name)
-        for field_name in fields:
-            if field_name == "sleep_state":
-                _, label, awake = spec.sleep_state
-                if dict(_LABEL_PAIR.findall(labels)).get(label) == awake and value == 0:
-                    asleep = True
-                continue
-            if field_name == "deferred":
-                _, label, wanted = spec.deferred
-                if dict(_LABEL_PAIR.findall(labels)).get(label) != wanted:
-                    continue
-            wanted_labels = spec.label_filters.get(field_name)
-            if wanted_labels is not None and not wanted_labels.admits(
-                    dict(_LABEL_PAIR.findall(labels)).get(wanted_labels.label)):
-                continue
+        adds, sleeps, model = kept_roles.get((engine, name, labels)) or roles(spec, name, labels, fields)
+        if sleeps and value == 0:
+            asleep = True
+        for field_name in adds:
             key = (field_name, name)
             samples[key] = samples.get(key, 0.0) + value
-            if spec.model_label and labels and field_name == "running" and len(models) < MAX_MODELS:
-                model = dict(_LABEL_PAIR.findall(labels)).get(spec.model_label)
-                if model:
-                    models.setdefault(model[:MAX_MODEL_NAME])
+        if model and len(models) < MAX_MODELS:
+            models.setdefault(model[:MAX_MODEL_NAME])
 
     def pick(field_name: str) -> float | None:
         nonlocal looked_beyond
