@@ -48,7 +48,7 @@ class Prober:
 
     def __init__(self, config: ExporterConfig):
         self.config = config
-        self.client = Client(max_idle=pool_size(config))  # any loop may use it: made before one runs
+        self.client = Client(max_idle=pool_size(config))  # its connections are the exporter loop's (pooled per loop)
         self.versions = VersionCache()
         self.models = ModelMemo()  # the idle probe's model per target and process start
         self.queries = QueryCache(config)
