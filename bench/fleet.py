@@ -207,11 +207,16 @@ async def serve(count: int, page: bytes, keep_alive: float, static: bool, moves:
     moving = MovingPage(page) if moves and not static else None
     stats = new_stats()
 
-    def backend_factory():
-        answered = [0]  # per port: every connection to one backend sees the same counters move
+    def backend_factory(index: int):
+        # Per port: every connection to one backend sees the same counters move. Each port starts
+        # at its own count, so no two busy backends serve the same page (real ones never do; the
+        # same page everywhere let a reading kept by its page's digest answer 999 of 1,000 busy
+        # scrapes: bench/RESULTS-busy-spread.md).
+        answered = [index * 1_000_003]
         return lambda: Backend(table, keep_alive, stats, moving, answered, split=not static)
 
-    servers = [await loop.create_server(backend_factory(), "127.0.0.1", 0, backlog=1024) for _ in range(count)]
+    servers = [await loop.create_server(backend_factory(index), "127.0.0.1", 0, backlog=1024)
+               for index in range(count)]
     ports = [s.sockets[0].getsockname()[1] for s in servers]
     control = await loop.create_server(lambda: Backend({}, 60.0, stats, None, [0], control=True), "127.0.0.1", 0)
     print(json.dumps({"ports": ports, "pid": os.getpid(), "stats_port": control.sockets[0].getsockname()[1]}),
