@@ -9,8 +9,10 @@ of them it ended. A connection belongs to the loop that made it (``Client`` keep
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import ipaddress
+import os
 import socket
 import ssl
 
@@ -138,7 +140,7 @@ async def connect(loop, addresses: list, host: str, tls: bool) -> Wire:
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await loop.sock_connect(sock, address)
+            await _connected(loop, sock, address)
         except OSError as exc:
             sock.close()
             error = exc
@@ -154,3 +156,25 @@ async def connect(loop, addresses: list, host: str, tls: bool) -> Wire:
             raise
         return wire
     raise error or OSError(f"no address for {shown_host(host)}")
+
+
+async def _connected(loop, sock: socket.socket, address) -> None:
+    """Connect ``sock`` (non-blocking) to the resolved ``address``. Not ``loop.sock_connect``:
+    uvloop's resolves its address again through the resolver's thread pool (a thread hand-off
+    and back for a literal address: ~15% of a busy scrape's CPU, bench/RESULTS-busy-spread.md)."""
+    code = sock.connect_ex(address)
+    if code in (errno.EINPROGRESS, errno.EAGAIN):
+        writable = loop.create_future()
+        loop.add_writer(sock, _settle, writable)
+        try:
+            await writable
+        finally:
+            loop.remove_writer(sock)
+        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if code:
+        raise OSError(code, os.strerror(code))
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
