@@ -15,8 +15,10 @@ MAX_HEAD_BYTES = 16384      # request line and headers; Prometheus sends ~300 by
 MAX_HEADERS = 100
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
+    """(A tuple: one is made per request, and a frozen dataclass's ``__init__`` costs 1.6% of a
+    busy scrape's CPU, bench/RESULTS-busy-spread.md.)"""
+
     method: str
     path: str
     query: str
@@ -25,8 +27,7 @@ class Request:
     client: str = ""
 
 
-@dataclass(frozen=True)
-class Response:
+class Response(NamedTuple):
     status: int
     content_type: str
     body: bytes

@@ -68,7 +68,8 @@ class Client:
         data = head + (f"Content-Length: {len(body)}\r\n\r\n".encode() if body or method in ("POST", "PUT", "PATCH")
                        else b"\r\n") + body
         words = {"budget": budget, "host": host, "port": port, "max_bytes": max_bytes}
-        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        loop = task.get_loop()  # (each asyncio lookup of the loop is a getpid on 3.11: one, not two)
         if loop is not self._loop:
             self._loop = loop
             self.idle.close(lambda key: key[0].is_closed())  # (key: loop, then origin)
@@ -76,7 +77,6 @@ class Client:
             if budget <= 0 or deadline.expired:
                 return ended("no_time", started, **words)
             state = _Request()
-            task = asyncio.current_task()
             timer = loop.call_later(deadline.left(), state.expire, task)
             try:
                 fetched = await self._exchange(state, (loop, scheme, host, port), data, method, max_bytes, started)

@@ -115,13 +115,20 @@ class Wire(asyncio.Protocol):
             self.transport.abort()  # (the socket closes at the loop's next turn)
 
 
+@functools.lru_cache(maxsize=4096)  # the same few backends every scrape
+def _literal_family(host: str):
+    """The address family of an IP address literal; None for a name."""
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return None
+
+
 async def resolve(loop, host: str, port: int) -> list:
     """(family, address) per address of ``host`` (an address literal needs no lookup)."""
-    try:
-        address = ipaddress.ip_address(host)
-        return [(socket.AF_INET6 if address.version == 6 else socket.AF_INET, (host, port))]
-    except ValueError:
-        pass
+    family = _literal_family(host)
+    if family is not None:
+        return [(family, (host, port))]
     try:
         found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except UnicodeError as exc:  # IDNA: a label over 63 characters, an empty label (a..b)
