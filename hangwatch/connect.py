@@ -40,8 +40,8 @@ class Wire(asyncio.Protocol):
     """One connection: what its transport delivers is kept until ``recv`` takes it (past
     ``HIGH_WATER`` unread bytes the transport stops reading), its end recorded, one reader waiting."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket):
-        self.loop, self.sock = loop, sock  # (the socket: ours to close once its loop is closed)
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket | None):
+        self.loop, self.sock = loop, sock  # (our socket, on asyncio's loop: ours to close once it is closed)
         self.transport: asyncio.Transport | None = None
         self.chunks: list[bytes] = []
         self.size = 0
@@ -108,7 +108,8 @@ class Wire(asyncio.Protocol):
     def close(self) -> None:
         """Ends the connection from any thread, its loop running or not."""
         if self.loop.is_closed():
-            self.sock.close()  # its transport will never run again (uvloop's: closed with its loop)
+            if self.sock is not None:  # (uvloop's: closed with its loop)
+                self.sock.close()  # its transport will never run again
         elif self.loop.is_running() and asyncio._get_running_loop() is not self.loop:
             self.loop.call_soon_threadsafe(self.transport.abort)  # another thread's loop
         else:
@@ -142,27 +143,36 @@ async def connect(loop, addresses: list, host: str, tls: bool) -> Wire:
     """A ``Wire`` to the first of ``addresses`` that accepts (the last one's error otherwise),
     its TLS handshake for ``host`` done when ``tls``."""
     error: OSError | None = None
+    context = tls_context() if tls else None
     for family, address in addresses:
-        sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await _connected(loop, sock, address)
+            if isinstance(loop, asyncio.BaseEventLoop):
+                return await _connect_own_socket(loop, family, address, host, context)
+            # uvloop connects in C (no Python socket, no poll handle of its own), and closes every
+            # connection it holds when it closes: there is no socket left for us to close.
+            _, wire = await loop.create_connection(lambda: Wire(loop, None), address[0], address[1], family=family,
+                                                   ssl=context, server_hostname=host if tls else None)
+            return wire
+        except ssl.SSLError:
+            raise  # the handshake: the address accepted
         except OSError as exc:
-            sock.close()
             error = exc
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        try:
-            _, wire = await loop.create_connection(lambda: Wire(loop, sock), sock=sock, ssl=tls_context() if tls else None,
-                                                   server_hostname=host if tls else None)
-        except BaseException:
-            sock.close()
-            raise
-        return wire
     raise error or OSError(f"no address for {shown_host(host)}")
+
+
+async def _connect_own_socket(loop, family: int, address, host: str, context) -> Wire:
+    """asyncio's own loop leaves a connection open when it closes: the socket stays ours to close."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await _connected(loop, sock, address)
+        _, wire = await loop.create_connection(lambda: Wire(loop, sock), sock=sock, ssl=context,
+                                               server_hostname=host if context else None)
+    except BaseException:
+        sock.close()
+        raise
+    return wire
 
 
 async def _connected(loop, sock: socket.socket, address) -> None:
