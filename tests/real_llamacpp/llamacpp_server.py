@@ -90,6 +90,7 @@ class LlamaServer:
         self.process: Process | None = None
         self.frozen = False
         self._rate: float | None = None
+        self._prompt_ms_per_token: float | None = None  # prompt_tokens_lasting's measurement
 
     @property
     def url(self) -> str:
@@ -164,6 +165,23 @@ class LlamaServer:
         assert wanted <= fits, (f"{wanted} tokens ({seconds} s at {self.tokens_per_second():.0f}/s) "
                                 f"do not fit {concurrent} to a {CONTEXT}-token cache")
         return wanted
+
+    def prompt_tokens_lasting(self, seconds: float, most: int = 3800) -> int:
+        """Tokens for one prompt whose one batch (``-b``/``-ub`` BATCH) takes about ``seconds``
+        on this machine, at most ``most``. The batch must outlast several readings and stay
+        inside llama.cpp's grace (``min_grace``, 30 s: by the rule a longer silent batch is a
+        hang): with one compute thread a 3,800-token batch took 8–11 s on one machine and 29 s on
+        another. Sized from a 1,000-token prompt's own ``prompt_ms`` on this server; a longer
+        prompt costs more per token (attention grows with it), so the batch runs longer than
+        ``seconds``, never shorter."""
+        if self._prompt_ms_per_token is None:
+            body = {"prompt": self.prompt_of(1000), "n_predict": 1, "ignore_eos": True, "cache_prompt": False,
+                    "temperature": 0}
+            answer = requests.post(self.url + "/completion", json=body, timeout=120)
+            answer.raise_for_status()
+            timings = answer.json()["timings"]
+            self._prompt_ms_per_token = timings["prompt_ms"] / max(1, timings["prompt_n"])
+        return max(1000, min(most, int(seconds * 1000 / self._prompt_ms_per_token)))
 
     # --- reading ---------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.real
 PROCESSING, DEFERRED = "llamacpp:requests_processing", "llamacpp:requests_deferred"
 DECODE, PREDICTED, PROMPT = "llamacpp:n_decode_total", "llamacpp:tokens_predicted_total", \
     "llamacpp:prompt_tokens_total"
-LONG_PROMPT_TOKENS = 3800  # one -b/-ub 4096 batch: 8-11 s with nothing moving (measured)
+LONG_PROMPT_SECONDS = 10.0  # one -b/-ub 4096 batch with nothing moving, sized per machine (prompt_tokens_lasting)
 INTERVAL = 1.5  # check's interval during the long prompt: its 4 readings span 4.5 s
 
 
@@ -97,12 +97,14 @@ def test_tokens_predicted_moves_only_when_a_request_finishes(llamacpp):
 
 
 def test_one_long_prompt_batch_is_busy_not_hung(llamacpp):
-    """One 3,900-token prompt is one llama_decode() call: nothing moves for many seconds —
-    not n_decode_total, not the token counters, not /slots. check (1.5 s apart) must say busy,
+    """One long prompt (sized to last ~10 s on this machine, at most 3,800 tokens) is one
+    llama_decode() call: nothing moves for many seconds — not n_decode_total, not the token
+    counters, not /slots. check (1.5 s apart) must say busy,
     and must say it although its readings saw no progress: the engine's grace, not luck."""
-    prompt = llamacpp.prompt_of(LONG_PROMPT_TOKENS)
+    prompt_tokens = llamacpp.prompt_tokens_lasting(LONG_PROMPT_SECONDS)
+    prompt = llamacpp.prompt_of(prompt_tokens)
     # decoding after the batch outlasts a check interval (and fits the context after the prompt)
-    answer_tokens = llamacpp.n_predict_lasting(INTERVAL + 0.5, prompt_tokens=LONG_PROMPT_TOKENS)
+    answer_tokens = llamacpp.n_predict_lasting(INTERVAL + 0.5, prompt_tokens=prompt_tokens)
     before = llamacpp.metrics_text()
     tasks = llamacpp.tasks_logged()
     samples: list[tuple[float, float, float, float]] = []
@@ -163,8 +165,9 @@ def test_slots_advance_only_at_batch_boundaries(llamacpp):
     """Why /slots is no fallback: during the one long batch it shows no prompt progress
     either (n_prompt_tokens_processed stays 0, then jumps to the prompt length)."""
     assert llamacpp.slots() is not None, "/slots does not answer (the fixture starts the server with --slots)"
-    prompt = llamacpp.prompt_of(LONG_PROMPT_TOKENS)
-    load = llamacpp.completions(1, n_predict=llamacpp.n_predict_lasting(INTERVAL + 0.5, prompt_tokens=LONG_PROMPT_TOKENS),
+    prompt_tokens = llamacpp.prompt_tokens_lasting(LONG_PROMPT_SECONDS)
+    prompt = llamacpp.prompt_of(prompt_tokens)
+    load = llamacpp.completions(1, n_predict=llamacpp.n_predict_lasting(INTERVAL + 0.5, prompt_tokens=prompt_tokens),
                                 prompt=prompt)
     llamacpp.wait_until(lambda t: metric(t, PROCESSING) == 1, 30, "the long prompt processing")
     started, first, changed_after = time.monotonic(), None, None
