@@ -117,7 +117,7 @@ class Client:
         state.phase = "head"
         answer = state.answer = Answer(max_bytes, head_only=method == "HEAD")
         while not (answer.complete or answer.over):
-            received = await wire.recv()
+            received = await wire.recv(more=answer.fed > 0)
             if not received:
                 answer.eof()
                 if not answer.complete:  # (http.client's RemoteDisconnected)

@@ -78,17 +78,20 @@ class Wire(asyncio.Protocol):
     def send(self, data: bytes) -> None:
         self.transport.write(data)  # (to a connection already lost: nothing; ``recv`` says why)
 
-    async def recv(self) -> bytes:
-        """What arrived since the last call (b"": the server closed)."""
+    async def recv(self, more: bool = False) -> bytes:
+        """What arrived since the last call (b"": the server closed). ``more``: part of the answer
+        has come, the rest is awaited."""
         while not self.chunks:
             if self.error is not None:
                 raise self.error
             if self.ended:
                 return b""
-            if _QUICKACK is not None:
-                # Acknowledge at once: on a reused connection a server that writes its headers and
-                # body separately with Nagle on (cpp-httplib's default) would otherwise wait for our
-                # delayed ACK before sending the body (bench/RESULTS-client.md).
+            if more and _QUICKACK is not None:
+                # Acknowledge what came at once: on a reused connection a server that writes its
+                # headers and body separately with Nagle on (cpp-httplib's default) would otherwise
+                # wait for our delayed ACK before sending the body (bench/RESULTS-client.md). Set
+                # with an ACK pending, the kernel sends it now; before anything came there is
+                # nothing to acknowledge (and on uvloop each call builds a socket object).
                 self.tcp.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
             self.waiter = self.loop.create_future()
             try:
