@@ -11,10 +11,8 @@ a scrape comes every 15 s), so connecting is on the busy path and is kept cheap.
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import ipaddress
-import os
 import socket
 import ssl
 
@@ -148,15 +146,17 @@ async def connect(loop, addresses: list, host: str, tls: bool) -> Wire:
     """A ``Wire`` to the first of ``addresses`` that accepts (the last one's error otherwise),
     its TLS handshake for ``host`` done when ``tls``."""
     error: OSError | None = None
-    context = tls_context() if tls else None
+    context, server_hostname = (tls_context(), host) if tls else (None, None)
     for family, address in addresses:
         try:
             if isinstance(loop, asyncio.BaseEventLoop):
-                return await _connect_own_socket(loop, family, address, host, context)
+                return await _connect_own_socket(loop, family, address, context, server_hostname)
             # uvloop connects in C (no Python socket, no poll handle of its own), and closes every
-            # connection it holds when it closes: there is no socket left for us to close.
+            # connection it holds when it closes: there is no socket left for us to close. (Not
+            # its ``sock_connect``: that resolves even an IP address again, through its resolver's
+            # thread pool — a busy fleet connects afresh every scrape, bench/RESULTS-busy-spread.md.)
             _, wire = await loop.create_connection(lambda: Wire(loop, None), address[0], address[1], family=family,
-                                                   ssl=context, server_hostname=host if tls else None)
+                                                   ssl=context, server_hostname=server_hostname)
             return wire
         except ssl.SSLError:
             raise  # the handshake: the address accepted
@@ -165,38 +165,16 @@ async def connect(loop, addresses: list, host: str, tls: bool) -> Wire:
     raise error or OSError(f"no address for {shown_host(host)}")
 
 
-async def _connect_own_socket(loop, family: int, address, host: str, context) -> Wire:
+async def _connect_own_socket(loop, family: int, address, context, server_hostname) -> Wire:
     """asyncio's own loop leaves a connection open when it closes: the socket stays ours to close."""
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await _connected(loop, sock, address)
+        await loop.sock_connect(sock, address)  # (asyncio's: an IP address is not looked up again)
         _, wire = await loop.create_connection(lambda: Wire(loop, sock), sock=sock, ssl=context,
-                                               server_hostname=host if context else None)
+                                               server_hostname=server_hostname)
     except BaseException:
         sock.close()
         raise
     return wire
-
-
-async def _connected(loop, sock: socket.socket, address) -> None:
-    """Connect ``sock`` (non-blocking) to the resolved ``address``. Not ``loop.sock_connect``:
-    uvloop's resolves its address again through the resolver's thread pool, even a literal one
-    (a busy fleet connects afresh every scrape: 1.49 -> 1.18 ms each, bench/RESULTS-busy-spread.md)."""
-    code = sock.connect_ex(address)
-    if code in (errno.EINPROGRESS, errno.EAGAIN):
-        writable = loop.create_future()
-        loop.add_writer(sock, _settle, writable)
-        try:
-            await writable
-        finally:
-            loop.remove_writer(sock)
-        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    if code:
-        raise OSError(code, os.strerror(code))
-
-
-def _settle(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
