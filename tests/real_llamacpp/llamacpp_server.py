@@ -175,11 +175,10 @@ class LlamaServer:
         prompt costs more per token (attention grows with it), so the batch runs longer than
         ``seconds``, never shorter."""
         if self._prompt_ms_per_token is None:
-            body = {"prompt": self.prompt_of(1000), "n_predict": 1, "ignore_eos": True, "cache_prompt": False,
-                    "temperature": 0}
-            answer = requests.post(self.url + "/completion", json=body, timeout=120)
-            answer.raise_for_status()
-            timings = answer.json()["timings"]
+            load = self.completions(1, n_predict=1, prompt=self.prompt_of(1000), timeout=120)
+            load.wait(130)
+            assert not load.errors and load.results, load.errors
+            timings = load.results[0]["timings"]
             self._prompt_ms_per_token = timings["prompt_ms"] / max(1, timings["prompt_n"])
         return max(1000, min(most, int(seconds * 1000 / self._prompt_ms_per_token)))
 

@@ -99,8 +99,8 @@ def test_tokens_predicted_moves_only_when_a_request_finishes(llamacpp):
 def test_one_long_prompt_batch_is_busy_not_hung(llamacpp):
     """One long prompt (sized to last ~10 s on this machine, at most 3,800 tokens) is one
     llama_decode() call: nothing moves for many seconds — not n_decode_total, not the token
-    counters, not /slots. check (1.5 s apart) must say busy,
-    and must say it although its readings saw no progress: the engine's grace, not luck."""
+    counters, not /slots. check (1.5 s apart) must say busy, and must say it although its
+    readings saw no progress: the engine's grace, not luck."""
     prompt_tokens = llamacpp.prompt_tokens_lasting(LONG_PROMPT_SECONDS)
     prompt = llamacpp.prompt_of(prompt_tokens)
     # decoding after the batch outlasts a check interval (and fits the context after the prompt)
