@@ -142,7 +142,8 @@ async def run_burst(subject: str, port: int, pid: int, fleet: Fleet, repeat: int
 def start(subject: str, workdir: Path, args):
     if subject == BLACKBOX:
         return Blackbox(workdir)
-    return Exporter(workdir, args.config, args.exporter_ref, loop=subject)
+    loop, _, ref = subject.partition("@")  # "uvloop@REF": that commit's exporter beside this tree's
+    return Exporter(workdir, args.config, ref or args.exporter_ref, loop=loop)
 
 
 async def main_async(args) -> list[dict]:
@@ -186,8 +187,9 @@ def sizes(text: str) -> list[int]:
 def loops(text: str) -> list[str]:
     chosen = [part.strip() for part in text.split(",") if part.strip()]
     for name in chosen:
-        if name not in LOOPS:
-            raise argparse.ArgumentTypeError(f"{name!r}: a loop is one of {', '.join(LOOPS)}")
+        if name.partition("@")[0] not in LOOPS:
+            raise argparse.ArgumentTypeError(f"{name!r}: a loop is one of {', '.join(LOOPS)}, "
+                                             "optionally @REF (that commit's exporter)")
     return chosen
 
 
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet", type=fleets, default=list(FLEETS), help="fleets: busy,idle (default both)")
     parser.add_argument("--loops", type=loops, default=None,
                         help="hangwatch on these loops: asyncio,uvloop (HANGWATCH_LOOP); evloop,uvloop for an "
-                             "exporter from before issue 34 (default: the exporter's own loop)")
+                             "exporter from before issue 34 (default: the exporter's own loop); LOOP@REF runs commit "
+                             "REF's exporter beside this tree's, interleaved (an A/B in one run)")
     parser.add_argument("--no-blackbox", dest="blackbox", action="store_false",
                         help="skip blackbox_exporter (it runs by default)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of every subject, interleaved (default 1)")
@@ -236,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     evloop_tree = has_evloop(args.exporter_ref)
     if args.loops is None:
         args.loops = ["evloop" if evloop_tree else "uvloop"]
-    wrong = [name for name in args.loops if (name == "evloop") != evloop_tree and name != "uvloop"]
+    wrong = [name for name in args.loops if "@" not in name and (name == "evloop") != evloop_tree and name != "uvloop"]
     if wrong:
         parser.error(f"--loops {','.join(wrong)}: this exporter's loops are "
                      f"{'evloop and uvloop' if evloop_tree else 'asyncio and uvloop'}")

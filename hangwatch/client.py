@@ -117,7 +117,9 @@ class Client:
         state.phase = "head"
         answer = state.answer = Answer(max_bytes, head_only=method == "HEAD")
         while not (answer.complete or answer.over):
-            received = await wire.recv(more=answer.fed > 0)
+            # (``more``: acknowledge at once. Only a reused connection needs it: on a fresh one the
+            # kernel acknowledges the first segments at once by itself, bench/RESULTS-busy-spread.md.)
+            received = await wire.recv(more=state.reused and answer.fed > 0)
             if not received:
                 answer.eof()
                 if not answer.complete:  # (http.client's RemoteDisconnected)

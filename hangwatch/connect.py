@@ -89,7 +89,8 @@ class Wire(asyncio.Protocol):
                 # headers and body separately with Nagle on (cpp-httplib's default) would otherwise
                 # wait for our delayed ACK before sending the body (bench/RESULTS-client.md). Set
                 # with an ACK pending, the kernel sends it now; before anything came there is
-                # nothing to acknowledge (and on uvloop each call builds a socket object).
+                # nothing to acknowledge (and on uvloop each call builds a socket object, a
+                # getsockname and a setsockopt: the caller asks only on a reused connection).
                 self.tcp.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
             self.waiter = self.loop.create_future()
             try:
