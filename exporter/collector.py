@@ -252,12 +252,14 @@ _MAX_PAIRS = 65536
 
 
 def _go_float(value: float) -> str:
-    """``floatToGoString(value)``: Python's repr, except inf/nan and a dot past position 6
-    (Go's exponent form), which are rare and left to prometheus_client."""
+    """``floatToGoString(value)``: Python's repr, except a positive number with a dot past
+    position 6 (Go's exponent form: a counter past a million, a start time; about ten per busy
+    probe) and inf/nan (rare: left to prometheus_client). ``render_series`` inlines it."""
     text = repr(value) if type(value) is float else repr(float(value))
-    if "n" in text or text.find(".") > 6:
-        return floatToGoString(value)
-    return text
+    dot = text.find(".")
+    if dot > 6:
+        return f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.") + f"e+{dot - 1:02d}" if value > 0 else text
+    return floatToGoString(value) if "n" in text else text
 
 
 def _header(name: str, kind: str, doc: str) -> tuple[str, str]:
@@ -286,7 +288,11 @@ def render_series(all_series) -> bytes:
         append(header)
         for values, value in samples:
             text = repr(value) if type(value) is float else repr(float(value))  # (_go_float, inlined)
-            if "n" in text or text.find(".") > 6:
+            dot = text.find(".")
+            if dot > 6:
+                if value > 0:
+                    text = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.") + f"e+{dot - 1:02d}"
+            elif "n" in text:
                 text = floatToGoString(value)
             if labels:
                 pairs = known_pairs.get((labels, values)) or _pairs(labels, values)

@@ -76,6 +76,7 @@ class Prober:
         observation = await MODULES[module].observe(self.client, target, deadline, collector.options,
                                                     known=self.models)
         body = render_series(await collector.series(observation, started, deadline))
+        self.client.finished(target)  # until the next scrape
         _log_probe(target, module, collector.last_observation, time.monotonic() - started)
         return 200, CONTENT_TYPE_LATEST, body
 

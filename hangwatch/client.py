@@ -54,6 +54,15 @@ class Client:
     def close(self) -> None:
         self.idle.close()
 
+    def finished(self, url: str) -> None:
+        """Done with ``url``'s server until its next reading: its kept connections are closed now
+        if it ends idle ones before then (``IdlePool.finished``)."""
+        try:
+            scheme, host, port = _origin(url)
+        except (ValueError, UnicodeError):
+            return
+        self.idle.finished((self._loop, scheme, host, port))
+
     async def request(self, method: str, url: str, *, deadline: Deadline, max_bytes: int = MAX_PAGE_BYTES,
                       json: dict | None = None, headers: dict[str, str] | None = None) -> Fetched:
         """One HTTP request whose whole answer must arrive before ``deadline``."""
@@ -87,6 +96,7 @@ class Client:
             except (ConnectionResetError, BrokenPipeError) as exc:
                 if state.answer is None or state.answer.status is None:  # closed before an answer's head
                     if state.reused and attempt == 0:
+                        self.idle.dropped((loop, scheme, host, port))
                         continue  # the server closed an idle keep-alive connection: once more, fresh
                     return ended("closed", started, why=short_error(exc))
                 return _failed(state, started, exc)
@@ -138,26 +148,35 @@ class Client:
         return ended("ok", started, http_status=status, body=body, content_type=answer.content_type)
 
 
-@functools.lru_cache(maxsize=4096)  # a reading asks the same few requests of a backend every scrape
-def _request_head(method: str, url: str, has_json: bool, headers: tuple[tuple[str, str], ...]):
-    """(scheme, host, port, the request's line and headers without the blank line). Raises
-    ValueError for a URL or header that cannot go out as HTTP/1.1."""
+@functools.lru_cache(maxsize=4096)
+def _origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of ``url``, the host as it is connected to (an internationalized name
+    as its IDNA form). Raises ValueError for a URL that is not http(s) with a host."""
     parts = urlsplit(url)
     scheme, host, port = parts.scheme, parts.hostname or "", parts.port
     if scheme not in ("http", "https"):
         raise ValueError(f"not an http:// or https:// URL: {url[:80]!r}")
     if not host:
         raise ValueError(f"no host in {url[:80]!r}")
-    port = port or (443 if scheme == "https" else 80)
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise ValueError(f"{shown_host(host)} is not a valid host name ({exc})") from None
+    return scheme, host, port or (443 if scheme == "https" else 80)
+
+
+@functools.lru_cache(maxsize=4096)  # a reading asks the same few requests of a backend every scrape
+def _request_head(method: str, url: str, has_json: bool, headers: tuple[tuple[str, str], ...]):
+    """(scheme, host, port, the request's line and headers without the blank line). Raises
+    ValueError for a URL or header that cannot go out as HTTP/1.1."""
+    scheme, host, port = _origin(url)
+    parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if _CONTROL.search(path):
         raise ValueError(f"URL can't contain control characters: {path!r}")
     host_header = parts.netloc.rpartition("@")[2]
     if not host_header.isascii():  # an internationalized name goes out as its IDNA (xn--) form
-        try:
-            host = host.encode("idna").decode("ascii")
-        except UnicodeError as exc:
-            raise ValueError(f"{shown_host(host)} is not a valid host name ({exc})") from None
         host_header = host + (f":{parts.port}" if parts.port else "")
     sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", "Host": host_header}
     if has_json:

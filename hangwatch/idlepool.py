@@ -2,6 +2,11 @@
 backends every scrape, and a new connection per reading costs a handshake and a socket. The rules
 (a connection the server closed is never handed out; at most ``max_idle`` in all, the least
 recently used origin giving one up first) are written once, here.
+
+A server that ends idle connections before the caller comes back (uvicorn, so vLLM, after 5 s;
+a scrape comes every 15 s) makes a kept connection cost more than a new one: its end wakes the
+loop to be read and closed. Such an origin is remembered, and ``finished`` closes its
+connections first, when the caller is done with it for a while (bench/RESULTS-busy-spread.md).
 """
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from collections import OrderedDict
 from typing import Callable, Generic, Hashable, TypeVar
 
 Connection = TypeVar("Connection")
+MAX_DROPPING = 4096  # origins remembered as ending idle connections (the least recently found go first)
 
 
 class IdlePool(Generic[Connection]):
@@ -22,6 +28,7 @@ class IdlePool(Generic[Connection]):
         self.max_idle = max_idle
         self._usable, self._close = usable, close
         self._idle: OrderedDict[Hashable, list[Connection]] = OrderedDict()
+        self._dropping: OrderedDict[Hashable, None] = OrderedDict()  # origins whose server ended an idle one
         self._count = 0
         self._lock = threading.Lock()
 
@@ -39,6 +46,7 @@ class IdlePool(Generic[Connection]):
                     del self._idle[origin]
                 if self._usable(connection):
                     return connection
+                self._dropped(origin)
                 self._close(connection)
                 connections = self._idle.get(origin)
         return None
@@ -59,6 +67,28 @@ class IdlePool(Generic[Connection]):
                 if not oldest:
                     del self._idle[oldest_origin]
         for connection in evicted:
+            self._close(connection)
+
+    def dropped(self, origin: Hashable) -> None:
+        """``origin``'s server ended a connection that was kept idle (found so once taken)."""
+        with self._lock:
+            self._dropped(origin)
+
+    def _dropped(self, origin: Hashable) -> None:
+        self._dropping[origin] = None
+        self._dropping.move_to_end(origin)
+        if len(self._dropping) > MAX_DROPPING:
+            self._dropping.popitem(last=False)
+
+    def finished(self, origin: Hashable) -> None:
+        """The caller is done with ``origin`` for a while: if its server has ended an idle
+        connection before, the ones kept for it are closed now."""
+        if origin not in self._dropping:
+            return
+        with self._lock:
+            connections = self._idle.pop(origin, ())
+            self._count -= len(connections)
+        for connection in connections:
             self._close(connection)
 
     def close(self, gone: Callable[[Hashable], bool] = lambda origin: True) -> None:

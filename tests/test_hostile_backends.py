@@ -146,6 +146,35 @@ def test_a_keepalive_connection_the_server_dropped_is_never_read_as_a_failure(ho
     assert len(server.requests) == 3
 
 
+def test_a_server_that_ends_idle_connections_has_them_closed_first_once_read(hostile):
+    """uvicorn (so vLLM) ends a connection idle for 5 s; a scrape comes every 15 s. Once a kept
+    connection was found ended, the client closes that server's connections itself when the
+    reading is done (``finished``), instead of keeping one for the server to end."""
+    server = hostile({"/metrics": "keepalive_then_close"}, body=IDLE_PAGE, gap=0.05)
+    client = Client()
+    loop = asyncio.new_event_loop()  # one loop throughout: its idle connection is its own
+
+    def read() -> None:
+        fetched = loop.run_until_complete(client.request("GET", server.url + "/metrics", deadline=Deadline.after(2)))
+        assert fetched.status == OK and fetched.body == IDLE_PAGE
+
+    try:
+        read()
+        client.finished(server.url)
+        assert len(client.idle) == 1  # nothing known of this server yet: kept
+        wait_until(lambda: server.closed == 1, 5, "the server to close the idle connection", interval=0.01)
+        read()  # the kept one is found ended: a new one
+        client.finished(server.url)
+        assert len(client.idle) == 0  # closed by us, before the server ends it
+        read()
+        assert len(client.idle) == 1  # kept between the readings of one scrape
+    finally:
+        client.close()
+        loop.run_until_complete(asyncio.sleep(0))  # (the aborted connection's socket closes at a turn)
+        loop.close()
+    assert len(server.requests) == 3
+
+
 def test_one_keepalive_connection_serves_reading_after_reading(backend):
     """The exporter reads the same backends every scrape: one connection, not one per reading,
     and no delayed-ACK stall on the reused one (a separate header and body write, Nagle on)."""

@@ -47,5 +47,8 @@ def test_series_render_byte_for_byte_as_generate_latest(name):
 def test_numbers_are_written_as_prometheus_client_writes_them(value):
     from prometheus_client.utils import floatToGoString
 
-    from hangwatch.exporter.collector import _go_float
+    from hangwatch.exporter.collector import Series, _go_float
     assert _go_float(value) == floatToGoString(value)
+    # render_series inlines the same: a sample's text is the same
+    assert render_series([Series("n", "d", "gauge", (), (((), value),))]).endswith(
+        f" {floatToGoString(value)}\n".encode())
