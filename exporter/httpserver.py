@@ -144,10 +144,7 @@ class Connection(asyncio.Protocol):
         self.buffer = b""
         self.busy = False          # a request is being answered: not evictable, not taking a new one
         self.closed = False
-        # The one deadline (a head, an idle wait, a slot, a send): ``on_due`` is called at ``due``.
-        self.due, self.on_due = 0.0, None
-        self.timer: asyncio.TimerHandle | None = None  # set for ``timer_at`` <= due
-        self.timer_at = 0.0
+        self.timer: asyncio.TimerHandle | None = None  # the one deadline: a head, an idle wait, a slot, a send
         self.blocked = False       # the client has not taken all of its last answer
         self.keep_alive_after = True   # False once the client has half-closed
         self.work: tuple[Route, Request] | None = None  # admitted work not yet answered
@@ -181,9 +178,9 @@ class Connection(asyncio.Protocol):
             if len(self.buffer) > MAX_PIPELINED:
                 self._read_off()
             return
+        if first_bytes:
+            self._arm(self.admission.read_timeout, self._head_timed_out)
         self._try_request()
-        if first_bytes and self.buffer and not (self.busy or self.closed):
-            self._arm(self.admission.read_timeout, self._head_timed_out)  # a head begun, not whole
 
     def eof_received(self) -> bool:
         """The client finished sending (a half-close): answer what it asked, then close."""
@@ -241,9 +238,6 @@ class Connection(asyncio.Protocol):
             return
         self.closed = True
         self._disarm()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         self.admission.unqueue(self)  # still waiting for a slot: it never runs
         if self.task is not None:
             work = self.task.get_coro()
@@ -371,28 +365,14 @@ class Connection(asyncio.Protocol):
         self.close()
 
     # -- the one timer ------------------------------------------------------------------------------
-    # Armed lazily: a keep-alive request disarms the idle wait and arms it again later, and a
-    # timer set for the earlier time fires, finds the wait moved on and is set again once: not a
-    # timer made and cancelled per request.
     def _arm(self, timeout: float, callback: Callable[[], None]) -> None:
-        self.due, self.on_due = self.loop.time() + timeout, callback
-        if self.timer is None or self.timer_at > self.due:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer, self.timer_at = self.loop.call_at(self.due, self._fire), self.due
+        self._disarm()
+        self.timer = self.loop.call_later(timeout, callback)
 
     def _disarm(self) -> None:
-        self.on_due = None
-
-    def _fire(self) -> None:
-        self.timer = None
-        if self.on_due is None:
-            return
-        if self.due > self.loop.time():  # moved on since this timer was set
-            self.timer, self.timer_at = self.loop.call_at(self.due, self._fire), self.due
-            return
-        callback, self.on_due = self.on_due, None
-        callback()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _head_timed_out(self) -> None:
         """A head that did not come whole within read_timeout (a slow-loris): counted, cut off."""
