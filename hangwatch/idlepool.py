@@ -6,7 +6,9 @@ recently used origin giving one up first) are written once, here.
 A server that ends idle connections before the caller comes back (uvicorn, so vLLM, after 5 s;
 a scrape comes every 15 s) makes a kept connection cost more than a new one: its end wakes the
 loop to be read and closed. Such an origin is remembered, and ``finished`` closes its
-connections first, when the caller is done with it for a while (bench/RESULTS-busy-spread.md).
+connections first, when the caller is done with it for a while (bench/RESULTS-busy-spread.md);
+every ``RECHECK``-th time one is kept instead, so an origin found so once (a restart ends every
+connection) gets its kept connections back when its server keeps them.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Callable, Generic, Hashable, TypeVar
 
 Connection = TypeVar("Connection")
 MAX_DROPPING = 4096  # origins remembered as ending idle connections (the least recently found go first)
+RECHECK = 8          # closed first this many times, then one is kept again: does the server still end it?
 
 
 class IdlePool(Generic[Connection]):
@@ -28,7 +31,7 @@ class IdlePool(Generic[Connection]):
         self.max_idle = max_idle
         self._usable, self._close = usable, close
         self._idle: OrderedDict[Hashable, list[Connection]] = OrderedDict()
-        self._dropping: OrderedDict[Hashable, None] = OrderedDict()  # origins whose server ended an idle one
+        self._dropping: OrderedDict[Hashable, int] = OrderedDict()  # origin -> closes left before a recheck
         self._count = 0
         self._lock = threading.Lock()
 
@@ -75,17 +78,21 @@ class IdlePool(Generic[Connection]):
             self._dropped(origin)
 
     def _dropped(self, origin: Hashable) -> None:
-        self._dropping[origin] = None
+        self._dropping[origin] = RECHECK
         self._dropping.move_to_end(origin)
         if len(self._dropping) > MAX_DROPPING:
             self._dropping.popitem(last=False)
 
     def finished(self, origin: Hashable) -> None:
         """The caller is done with ``origin`` for a while: if its server has ended an idle
-        connection before, the ones kept for it are closed now."""
+        connection before, the ones kept for it are closed now (kept every ``RECHECK``-th time)."""
         if origin not in self._dropping:
             return
         with self._lock:
+            left = self._dropping.pop(origin, 0)
+            if left <= 0:
+                return  # kept this time: found ended again, the origin is remembered again
+            self._dropping[origin] = left - 1
             connections = self._idle.pop(origin, ())
             self._count -= len(connections)
         for connection in connections:

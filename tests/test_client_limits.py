@@ -24,7 +24,7 @@ from hangwatch.check import check
 from hangwatch.client import Client
 from hangwatch.deadline import Deadline
 from hangwatch.demo.wait import wait_until
-from hangwatch.idlepool import IdlePool
+from hangwatch.idlepool import RECHECK, IdlePool
 from hangwatch.observation import BLIND, TIMEOUT, UNREACHABLE, Options
 from hangwatch.observe import observe_backend
 from hangwatch.verdict import judge
@@ -117,6 +117,32 @@ def test_a_connection_the_server_closed_is_closed_and_skipped_never_handed_out()
     dropped.usable = False  # the server closed it while it was idle
     assert idle.take("a") is good
     assert dropped.closed and not good.closed and len(idle) == 0
+
+
+def test_an_origin_whose_server_ended_an_idle_connection_has_them_closed_when_finished_and_rechecked():
+    idle = pool(8)
+    kept = Conn("kept")
+    idle.give_back("a", kept)
+    idle.finished("a")  # nothing known of "a": its connection stays
+    assert not kept.closed and len(idle) == 1
+    kept.usable = False  # the server ended it while it was idle
+    assert idle.take("a") is None and kept.closed
+    for n in range(RECHECK):  # from now on, closed when the caller is done
+        conn = Conn(f"closed-first-{n}")
+        idle.give_back("a", conn)
+        idle.finished("a")
+        assert conn.closed and len(idle) == 0
+    recheck = Conn("recheck")
+    idle.give_back("a", recheck)
+    idle.finished("a")  # then one is kept, to see whether the server still ends them
+    assert not recheck.closed and idle.take("a") is recheck  # it did not: kept from now on
+    idle.give_back("a", recheck)
+    idle.finished("a")
+    assert not recheck.closed and len(idle) == 1
+    idle.dropped("b")  # the client's own word (an idle one that failed when reused)
+    idle.give_back("b", other := Conn("other"))
+    idle.finished("b")
+    assert other.closed
 
 
 def test_past_max_idle_the_least_recently_used_origin_gives_up_its_oldest():
