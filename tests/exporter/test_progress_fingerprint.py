@@ -24,7 +24,10 @@ from hangwatch.reading import Reading
 from hangwatch.verdict import progress
 
 ENGINES_WITH_PROGRESS = [engine for engine in ENGINES if engine.progress]
-SIGNAL = st.one_of(st.none(), st.integers(0, 10**12).map(float), st.floats(0, 1e15, allow_nan=False))
+# (A present value is drawn as one, never by filtering out None: filtering a third of the draws
+# of several signals tripped Hypothesis' filter_too_much health check on some seeds.)
+PRESENT = st.one_of(st.integers(0, 10**12).map(float), st.floats(0, 1e15, allow_nan=False))
+SIGNAL = st.one_of(st.none(), PRESENT)
 
 
 def reading(engine: str, values: dict) -> Reading:
@@ -65,7 +68,7 @@ def test_the_fingerprint_changes_exactly_when_a_progress_signal_moved(case):
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(ENGINES_WITH_PROGRESS), st.data())
 def test_a_signal_appearing_or_vanishing_moves_the_fingerprint(spec, data):
-    values = {name: data.draw(SIGNAL.filter(lambda v: v is not None)) for name in spec.progress}
+    values = {name: data.draw(PRESENT) for name in spec.progress}
     gone = data.draw(st.sampled_from(spec.progress))
     full, partial = reading(spec.name, values), reading(spec.name, {**values, gone: None})
     assert not progress(full, partial) and not progress(partial, full)
