@@ -59,7 +59,7 @@ class Client:
         if it ends idle ones before then (``IdlePool.finished``)."""
         try:
             scheme, host, port = _origin(url)
-        except (ValueError, UnicodeError):
+        except ValueError:  # (_origin's IDNA errors are ValueErrors too)
             return
         self.idle.finished((self._loop, scheme, host, port))
 
@@ -82,13 +82,14 @@ class Client:
         if loop is not self._loop:
             self._loop = loop
             self.idle.close(lambda key: key[0].is_closed())  # (key: loop, then origin)
+        key = (loop, scheme, host, port)
         for attempt in (0, 1):
             if budget <= 0 or deadline.expired:
                 return ended("no_time", started, **words)
             state = _Request()
             timer = loop.call_later(deadline.left(), state.expire, task)
             try:
-                fetched = await self._exchange(state, (loop, scheme, host, port), data, method, max_bytes, started)
+                fetched = await self._exchange(state, key, data, method, max_bytes, started)
             except asyncio.CancelledError:
                 if not state.expired or (hasattr(task, "uncancel") and task.uncancel() > 0):
                     raise  # cancelled by the caller (too): theirs to handle
@@ -96,7 +97,7 @@ class Client:
             except (ConnectionResetError, BrokenPipeError) as exc:
                 if state.answer is None or state.answer.status is None:  # closed before an answer's head
                     if state.reused and attempt == 0:
-                        self.idle.dropped((loop, scheme, host, port))
+                        self.idle.dropped(key)
                         continue  # the server closed an idle keep-alive connection: once more, fresh
                     return ended("closed", started, why=short_error(exc))
                 return _failed(state, started, exc)
