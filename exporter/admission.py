@@ -5,11 +5,13 @@ What one peer address may hold (connections, work slots), who gives way when the
 slow-loris costs its own connection) and how long an idle keep-alive connection is kept, how
 much a client may pipeline while its answer is worked on, which parsed heads are kept (only
 those answered 200, bounded in bytes), and how work waits for a slot (round-robin between
-addresses, then answered overloaded). Nothing here imports the server (only the wire,
-``httpwire``): a connection is any object with ``client_record``, ``abort()`` and ``start_work()``.
+addresses, then answered overloaded; work that paused, ``retake``, goes first). Nothing here
+imports the server (only the wire, ``httpwire``): a connection is any object with
+``client_record``, ``abort()`` and ``start_work()``.
 """
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -82,6 +84,7 @@ class Admission:
         self.clients: dict[str, Peer] = {}
         self.free_slots = workers
         self.waiting: OrderedDict[Peer, None] = OrderedDict()  # addresses with waiting work, round-robin
+        self.resuming: OrderedDict[asyncio.Future, Peer] = OrderedDict()  # paused work waiting for a slot again
 
     # -- counters a face can export (this module imports no metrics library), from the state itself --
     @property
@@ -166,8 +169,7 @@ class Admission:
     def take_slot(self, connection: Any) -> None:
         """The connection's work starts now (out of the waiting work, if it was there)."""
         self.unqueue(connection)
-        self.free_slots -= 1
-        connection.client_record.running += 1
+        self._hand(connection.client_record)
 
     def give_back(self, client: Peer) -> None:
         """A slot comes free (its connection may be gone): to waiting work, in turn."""
@@ -176,9 +178,40 @@ class Admission:
         self.release(client)
         self.start_waiting()
 
+    async def retake(self, client: Peer, within: float) -> bool:
+        """A slot again for work that gave its own back while it waited (``Connection.pause``):
+        before any work not yet started, within ``within`` seconds or not at all (False)."""
+        if not self.resuming and self.free_slots > 0 and client.running < self.max_client_slots:
+            self._hand(client)
+            return True
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self.resuming[waiter] = client
+        timer = loop.call_later(within, lambda: waiter.done() or waiter.set_result(False))
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                self.give_back(client)  # handed a slot as the work was cancelled
+            raise
+        finally:
+            timer.cancel()
+            self.resuming.pop(waiter, None)
+
+    def _hand(self, client: Peer) -> None:
+        self.free_slots -= 1
+        client.running += 1
+
     def start_waiting(self) -> None:
-        """Give free slots to waiting work, one address after another; an address at its own
-        cap keeps its turn until one of its slots frees."""
+        """Give free slots to paused work first, then to waiting work, one address after
+        another; an address at its own cap keeps its turn until one of its slots frees."""
+        for waiter, client in list(self.resuming.items()):
+            if self.free_slots <= 0:
+                return
+            if client.running < self.max_client_slots and not waiter.done():
+                del self.resuming[waiter]
+                self._hand(client)
+                waiter.set_result(True)
         passed = 0  # addresses in a row whose turn started nothing
         while self.free_slots > 0 and passed < len(self.waiting):
             client, _ = self.waiting.popitem(last=False)

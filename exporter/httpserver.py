@@ -148,7 +148,8 @@ class Connection(asyncio.Protocol):
         self.blocked = False       # the client has not taken all of its last answer
         self.keep_alive_after = True   # False once the client has half-closed
         self.work: tuple[Route, Request] | None = None  # admitted work not yet answered
-        self.task: asyncio.Task | None = None           # that work, holding a slot
+        self.task: asyncio.Task | None = None           # that work
+        self.holding = False       # that work holds a slot (it gives it back while paused)
         self.head = None           # (bytes, parsed Head) being answered: kept if answered 200
 
     # -- asyncio's calls ----------------------------------------------------------------------------
@@ -286,7 +287,8 @@ class Connection(asyncio.Protocol):
         self.busy = True
         self.client_record.idle.pop(self, None)
         self.head = (head, parsed)
-        request = Request(parsed.method, parsed.path, parsed.query, parsed.headers, time.monotonic(), self.client)
+        request = Request(parsed.method, parsed.path, parsed.query, parsed.headers, time.monotonic(), self.client,
+                          self.pause)
         route = self.server.routes.get(request.path)
         if request.method not in ("GET", "HEAD"):
             self._respond(Response(405, "text/plain; charset=utf-8", b"only GET and HEAD\n", (("Allow", "GET, HEAD"),)))
@@ -315,7 +317,23 @@ class Connection(asyncio.Protocol):
         """A slot is free: the work starts, awaited on the loop."""
         self._disarm()
         self.admission.take_slot(self)
+        self.holding = True
         self.task = self.loop.create_task(self._run(*self.work))
+
+    async def pause(self, seconds: float, within: float) -> bool:
+        """Wait ``seconds`` without holding a slot, then hold one again before any work not yet
+        started; False when none came free within ``within`` seconds. A wait is not work: 64 idle
+        probes holding every slot through their idle confirmation's sleep answered a burst of
+        1,000 probes 503 (bench/RESULTS-busy-spread.md)."""
+        self._give_back()
+        await asyncio.sleep(seconds)
+        self.holding = await self.admission.retake(self.client_record, within)
+        return self.holding
+
+    def _give_back(self) -> None:
+        if self.holding:
+            self.holding = False
+            self.admission.give_back(self.client_record)
 
     async def _run(self, route: Route, request: Request) -> None:
         response = None
@@ -345,7 +363,7 @@ class Connection(asyncio.Protocol):
         self.task = self.work = None
         if not self.closed and response is not None:
             self._respond(response)
-        self.admission.give_back(self.client_record)
+        self._give_back()
 
     def _respond(self, response: Response) -> None:
         head, parsed = self.head

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from http.client import responses  # reason phrases by status
-from typing import Callable, Mapping, NamedTuple
+from typing import Awaitable, Callable, Mapping, NamedTuple
 
 import httptools
 
@@ -25,6 +25,8 @@ class Request(NamedTuple):
     headers: Mapping[str, str]        # names in lower case
     received: float                   # time.monotonic() when the head was complete
     client: str = ""
+    # await pause(seconds, within) -> bool: wait without holding a work slot (``Connection.pause``)
+    pause: Callable[[float, float], Awaitable[bool]] | None = None
 
 
 class Response(NamedTuple):

@@ -18,6 +18,7 @@ from hangwatch.client import Client
 from hangwatch.deadline import Deadline
 from hangwatch.models_memo import ModelMemo
 from hangwatch.modules import MODULES
+from hangwatch.observe import Pause, sleep
 
 from .collector import BackendCollector, render_series
 from .config import ExporterConfig
@@ -64,8 +65,10 @@ class Prober:
         return BackendCollector(asked.target, asked.module, budget, asked.options, self.client,
                                 versions=self.versions)
 
-    async def answer(self, query: str, timeout_header: str | None, waited: float = 0.0) -> tuple[int, str, bytes]:
-        """(HTTP code, content type, body) for a /probe query."""
+    async def answer(self, query: str, timeout_header: str | None, waited: float = 0.0,
+                     pause: Pause = sleep) -> tuple[int, str, bytes]:
+        """(HTTP code, content type, body) for a /probe query; ``pause``: the server's, which
+        gives the probe's slot back while its idle confirmation waits."""
         asked = self.asked(query)
         if not isinstance(asked, Asked):
             return asked
@@ -74,7 +77,7 @@ class Prober:
         started = time.monotonic()
         deadline = Deadline.after(collector.budget)
         observation = await MODULES[module].observe(self.client, target, deadline, collector.options,
-                                                    known=self.models)
+                                                    known=self.models, pause=pause)
         body = render_series(await collector.series(observation, started, deadline))
         self.client.finished(target)  # until the next scrape
         _log_probe(target, module, collector.last_observation, time.monotonic() - started)
@@ -83,7 +86,7 @@ class Prober:
     async def route(self, request: Request) -> Response:
         waited = time.monotonic() - request.received
         code, content_type, body = await self.answer(request.query, request.headers.get(SCRAPE_TIMEOUT_HEADER),
-                                                     waited)
+                                                     waited, request.pause or sleep)
         asked = self.asked(request.query)  # (kept: no second reading of the query)
         module = asked.module if isinstance(asked, Asked) else module_label(request.query)
         probes_counter(module, code).inc()

@@ -18,7 +18,7 @@ from .client import Client, Fetched
 from .deadline import Deadline
 from .models_memo import ModelMemo
 from .observation import BLIND, OK, PROBE_ANSWERED, PROBE_FAILED, TIMEOUT, Observation, Options, ProbeResult
-from .observe import not_answered, observe_load
+from .observe import Pause, not_answered, observe_load, sleep
 from .probe import outcome_of
 from .reading import Reading
 
@@ -97,14 +97,16 @@ async def read_worker_status(client: Client, url: str, deadline: Deadline, optio
 
 
 async def observe_worker(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-                   clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None) -> Observation:
+                   clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None,
+                   pause: Pause = sleep) -> Observation:
     """Read the worker's queue; probe it only if nothing is queued."""
     return await observe_load(client, url, deadline, options, read=read_worker_status, probe=send_worker_probe,
-                        clock=clock)
+                        clock=clock, pause=pause)
 
 
 async def observe_controller(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-                       clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None) -> Observation:
+                       clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None,
+                       pause: Pause = sleep) -> Observation:
     """``GET /test_connection`` then ``POST /list_models``: answering, and which models are registered."""
     base_url = url.rstrip("/")
     taken_at = clock()
@@ -142,7 +144,8 @@ def api_models(message: str) -> tuple[str, ...] | None:
 
 
 async def observe_api(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-                clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None) -> Observation:
+                clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None,
+                       pause: Pause = sleep) -> Observation:
     """A chat request naming a model that cannot exist: 400 with the registered models is an answer."""
     base_url = url.rstrip("/")
     taken_at = clock()

@@ -17,8 +17,9 @@ from .models_memo import ModelMemo
 from .observation import Observation, Options
 from .observe import observe_backend, observe_proxy
 
-# An observer: async (client, url, deadline, options, *, clock, known) -> Observation; ``known``: a
-# ``ModelMemo`` the caller keeps between observations (the exporter), or None (ask every time).
+# An observer: async (client, url, deadline, options, *, clock, known, pause) -> Observation; ``known``:
+# a ``ModelMemo`` the caller keeps between observations (the exporter), or None (ask every time);
+# ``pause``: how an idle confirmation waits (``observe.Pause``; the exporter lends its slot out).
 Observer = Callable[..., Awaitable[Observation]]
 
 

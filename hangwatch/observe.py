@@ -42,7 +42,18 @@ LoadReader = Callable[[Client, str, Deadline, Options, float], Awaitable[Observa
 # ``started`` (the idle process's start time) as keywords when the observer has a memo.
 Prober = Callable[[Client, str, Deadline, Options], Awaitable[ProbeResult]]
 
+# A pause: await pause(seconds, within) -> bool waits ``seconds``; a caller that bounds concurrent
+# work (the exporter's slots) lends its slot out meanwhile and says False when none came back
+# within ``within`` seconds (then nothing more is sent: no probe is better than a late one).
+Pause = Callable[[float, float], Awaitable[bool]]
+
 _NOT_ANSWERED = (REFUSED, UNREACHABLE, TIMEOUT, BROKEN)
+
+
+async def sleep(seconds: float, within: float) -> bool:
+    """The pause of a caller that bounds nothing: a timer on the loop."""
+    await asyncio.sleep(seconds)
+    return True
 
 
 def not_answered(taken_at: float, fetched: Fetched, what: str, *, named: bool = True) -> Observation | None:
@@ -68,16 +79,20 @@ IDLE_CONFIRM_S = 0.25
 
 async def observe_load(client: Client, url: str, deadline: Deadline, options: Options, *,
                        read: LoadReader, probe: Prober, clock: Callable[[], float] = time.monotonic,
-                       known: ModelMemo | None = None) -> Observation:
+                       known: ModelMemo | None = None, pause: Pause = sleep) -> Observation:
     """Read the load; probe only when two readings ``IDLE_CONFIRM_S`` apart show nothing in
     flight and no engine work between them (the rule, once). ``known``: the probe's models
-    remembered per process (``ModelMemo``), handed to the prober with the idle process's start."""
+    remembered per process (``ModelMemo``), handed to the prober with the idle process's start.
+    ``pause``: how the wait between the readings is spent (``sleep``, or the exporter's, which
+    lends out its work slot meanwhile)."""
     url = url.rstrip("/")
     observation = await read(client, url, deadline, options, clock())
     if not probe_due(observation, options):
         return observation
     wait = min(IDLE_CONFIRM_S, max(0.0, deadline.left() / 4))
-    await asyncio.sleep(wait)  # a timer on the loop: no thread waits
+    if not await pause(wait, max(0.0, deadline.left() - wait) / 4):
+        return replace(observation, detail="nothing in flight; not probed: no probe slot came free in time "
+                                           "after the idle confirmation's wait")
     again = await read(client, url, deadline, options, clock())
     if not probe_due(again, options):
         return again  # work in flight now (busy), or the load could no longer be read
@@ -150,19 +165,20 @@ async def engine_version(client: Client, url: str, engine: str, deadline: Deadli
 
 async def observe_backend(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
                           clock: Callable[[], float] = time.monotonic,
-                          known: ModelMemo | None = None) -> Observation:
+                          known: ModelMemo | None = None, pause: Pause = sleep) -> Observation:
     """An engine: its /metrics, and the idle probe when due. ``known``: the probe's models
     remembered per process, kept by a caller that observes again (the exporter); None asks
     /v1/models before every probe. Its version is ``engine_version``'s: the exporter asks it
-    once per process, not per reading."""
+    once per process, not per reading. ``pause``: ``observe_load``'s."""
     return await observe_load(client, url, deadline, options, read=read_metrics, probe=send_probe, clock=clock,
-                              known=known)
+                              known=known, pause=pause)
 
 
 async def observe_proxy(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
-                        clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None) -> Observation:
-    """A proxy is asked only for /v1/models: its /metrics would mix many backends (``known``:
-    unused, every observer takes it)."""
+                        clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None,
+                        pause: Pause = sleep) -> Observation:
+    """A proxy is asked only for /v1/models: its /metrics would mix many backends (``known``,
+    ``pause``: unused, every observer takes them)."""
     taken_at = clock()
     fetched = await client.request("GET", url.rstrip("/") + "/v1/models", deadline=deadline, max_bytes=1 << 20,
                              headers=options.auth_headers())

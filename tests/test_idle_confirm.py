@@ -89,3 +89,35 @@ def test_the_second_reading_waits_the_confirmation_interval_within_the_deadline(
     # machine), and the wait left the probe time to go out
     assert time.monotonic() - started < 0.2 * 5
     assert short.probe_sent
+
+
+@pytest.mark.parametrize("slot_back", [True, False])
+def test_the_wait_between_the_readings_is_the_callers_pause_and_no_slot_back_means_no_probe(backend, slot_back):
+    """The exporter lends its probe slot out while the confirmation waits (``observe.Pause``); when
+    none comes back in time, nothing more is sent: the first reading stands, idle and unprobed."""
+    import asyncio
+
+    from hangwatch.client import Client
+    from hangwatch.deadline import Deadline
+    from hangwatch.observe import observe_backend
+    idle_vllm(backend)
+    asked = []
+
+    async def pause(seconds: float, within: float) -> bool:
+        asked.append((seconds, within))
+        await asyncio.sleep(seconds)
+        return slot_back
+
+    async def observe():
+        return await observe_backend(Client(), backend.url, Deadline.after(4.0), pause=pause)
+    observation = asyncio.run(observe())
+    [(seconds, within)] = asked
+    assert seconds == IDLE_CONFIRM_S and 0 < within < 4.0 - seconds
+    paths = [path for _, path, _, _ in backend.sent]
+    if slot_back:
+        assert observation.probe is not None and observation.probe.outcome == "answered", observation
+        assert paths.count("/metrics") == 2 and "/v1/completions" in paths
+    else:
+        assert observation.probe is None and observation.reading.in_flight == 0
+        assert "not probed" in observation.detail
+        assert paths == ["/metrics"], paths

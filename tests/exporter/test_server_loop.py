@@ -151,3 +151,49 @@ def test_an_unknown_loop_stops_the_exporter_before_it_listens(monkeypatch, capsy
     monkeypatch.setenv("HANGWATCH_LOOP", "evloop")
     code = main(SimpleNamespace(config=None, listen="127.0.0.1:0", log_level=None, log_format="text"))
     assert code == 64 and "HANGWATCH_LOOP='evloop'" in capsys.readouterr().err
+
+
+class Merged(list):
+    """Requests of several backends in the order they arrived: (backend, method, path)."""
+
+    def __init__(self, name: str, into: list):
+        super().__init__()
+        self.name, self.into = name, into
+
+    def append(self, item) -> None:
+        super().append(item)
+        self.into.append((self.name, item[0], item[1]))
+
+
+def test_an_idle_probe_lends_its_slot_out_while_its_idle_confirmation_waits(exporters):
+    """With one probe slot, a second idle probe is read while the first one waits between its two
+    readings (held through that wait, 64 slots answered a cold burst of 1,000 probes 503)."""
+    arrived: list[tuple[str, str, str]] = []
+    backends = {}
+    for name in ("a", "b"):
+        backend = backends[name] = PageServer()
+        backend.pages["/metrics"] = Page(IDLE_PAGE.encode())
+        backend.pages["/v1/models"] = Page(b'{"data":[{"id":"tiny"}]}')
+        backend.pages["/v1/completions"] = Page(b'{"choices":[]}')
+        backend.pages["/version"] = Page(b'{"version":"0.32.0"}', content_type="application/json")
+        backend.sent = Merged(name, arrived)
+    try:
+        _, url = exporters(ExporterConfig(max_concurrent_probes=1))
+        requests.get(f"{url}/metrics", timeout=10)
+        answers = {}
+
+        def scrape(name):
+            answers[name] = requests.get(f"{url}/probe", params={"target": backends[name].url}, timeout=20)
+        threads = [threading.Thread(target=scrape, args=(name,)) for name in backends]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        for backend in backends.values():
+            backend.stop()
+    for name, answer in answers.items():
+        assert answer.status_code == 200 and "hangwatch_probe_success 1.0" in answer.text, (name, answer.text[:300])
+    readings = [name for name, method, path in arrived if path == "/metrics"]
+    assert sorted(readings) == ["a", "a", "b", "b"], arrived
+    assert readings[0] != readings[1], f"the second probe waited for the first one's whole observation: {arrived}"
