@@ -29,6 +29,7 @@ import requests
 
 from hangwatch.demo.processes import Process, start_server
 from hangwatch.demo.wait import WaitTimeout, wait_until
+from tests.support import stopped
 
 MODEL_FILE = "hangwatch-1024x12-f16.gguf"
 MEASUREMENTS = Path(__file__).resolve().parents[1] / "data" / "llamacpp" / "measurements.json"
@@ -124,9 +125,11 @@ class LlamaServer:
             shutil.rmtree(self.logdir, ignore_errors=True)
 
     def freeze(self) -> None:
-        """kill -STOP: every thread stops; connections are accepted and never answered."""
-        self.process.signal(signal.SIGSTOP)
+        """kill -STOP: every thread stops; connections are accepted and never answered. Returns once
+        every thread has stopped (a reading sent at once could otherwise still be answered)."""
+        self.process.check_alive()
         self.frozen = True
+        stopped.stop(self.process.pid, "llama-server")
 
     def thaw(self) -> None:
         if self.process is not None:

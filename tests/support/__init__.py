@@ -4,5 +4,6 @@
   fails every other skip under CI);
 - ``pages``: a tiny HTTP server answering whatever a bad-input test needs;
 - ``hostile``, ``servers``, ``kubectl``, ``wheel``: misbehaving servers, hangwatch server processes,
-  the pinned kubectl, the built wheel.
+  the pinned kubectl, the built wheel;
+- ``stopped``: SIGSTOP a process and wait until every thread of it has stopped.
 """

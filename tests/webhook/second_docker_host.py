@@ -20,6 +20,7 @@ import time
 import docker
 
 from hangwatch.demo.processes import stop_popen
+from tests.support import stopped
 from tests.support.require import require, require_binary
 
 from .certs import Certs
@@ -82,7 +83,9 @@ class SecondDockerHost:
             return handle.read().decode(errors="replace")
 
     def freeze(self) -> None:
-        self.process.send_signal(signal.SIGSTOP)
+        """SIGSTOP; returns once every dockerd thread has stopped (a call sent at once could
+        otherwise still be answered, and the test's first 503 would be a 200)."""
+        stopped.stop(self.process.pid, "the second dockerd")
 
     def thaw(self) -> None:
         self.process.send_signal(signal.SIGCONT)
