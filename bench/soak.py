@@ -159,7 +159,10 @@ class Soak:
         self._observe(s.phase_s)
         self.cpu["B"] = self._cpu_end(cpu)
 
-        # A saturated server gives output all along: the rules must never have said stalled.
+        # A saturated server gives output all along: the rules must never have said stalled. Read
+        # once the rules have judged the phase's last readings (before then "never" is for want of
+        # evidence).
+        self.stack.wait_judged(time.time())
         self.stalled_before_freeze = self.stack.ever("stalled", time.monotonic() - self.marks.b0 + 1)
         self.say("freeze: SIGSTOP of VLLM::EngineCore with the load in flight")
         self.marks.freeze_wall = time.time()

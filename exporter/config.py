@@ -64,7 +64,7 @@ class ExporterConfig:
     timeout_offset: float = 0.5     # subtracted from Prometheus' scrape timeout
     allow_targets: tuple[str, ...] = ()  # empty: any target (listen on loopback then!)
     allow_any_target: bool = False  # beyond loopback without allow_targets: only if this is true
-    max_concurrent_probes: int = 64  # probes read at once (on the loop or threads); more wait, then 503
+    max_concurrent_probes: int = 64  # probes doing work at once (not waiting); more wait, then 503
     max_connections: int = 1024     # client connections open at once
     read_timeout: float = 5.0       # a request head must arrive within this
     api_key: str | None = field(default=None, repr=False)  # api_key_file: the default, for allow_targets only
