@@ -97,7 +97,8 @@ class Admission:
 
     @property
     def work_waiting(self) -> int:
-        return sum(len(client.waiting) for client in self.waiting)
+        """Work not started yet, and paused work waiting for a slot again."""
+        return sum(len(client.waiting) for client in self.waiting) + len(self.resuming)
 
     # -- connections ----------------------------------------------------------------------------
     def peer(self, address: str) -> Peer:

@@ -168,6 +168,7 @@ def test_paused_work_lends_its_slot_out_and_gets_one_again_before_work_not_yet_s
         waiting, _ = open_work(server, "waiting", "127.0.0.4")
         await asyncio.sleep(0.02)
         assert events == ["start pauser", "start lent"], "work ran while its slot was lent out"
+        assert server.stats.work_waiting == 2  # the paused work and the new one
         release["lent"].set()                              # the slot goes to the pauser, not to "waiting"
         await until(lambda: "waiting" in release, events)
         assert events == ["start pauser", "start lent", "pauser resumed", "start waiting"]
