@@ -310,16 +310,20 @@ class Soak:
         if self.sleeper is not None:
             self.sleeper.close()
 
-    def _settled_sample(self):
-        """vLLM's counters once two reads a second apart agree (the last counts have landed)."""
-        previous = read_sample(self.server.url)
-        for _ in range(30):
-            time.sleep(1)
+    def _settled_sample(self, deadline_s: float = 60.0):
+        """vLLM's counters once they count every inference request sent (the load's, the naive
+        watchdogs', hangwatch's through the proxy), else what they say at ``deadline_s`` (a real
+        mismatch, reported). The API server counts a request once its answer is done, which on a
+        loaded machine can land seconds after the engine is idle: two equal reads a second apart
+        were luck, not evidence."""
+        expected = sum(sent_inference(self))
+        deadline = time.monotonic() + deadline_s
+        while True:
             current = read_sample(self.server.url)
-            if current.inference_requests == previous.inference_requests:
+            if (current.inference_requests - self.first.inference_requests >= expected
+                    or time.monotonic() >= deadline):
                 return current
-            previous = current
-        return previous
+            time.sleep(0.5)
 
     def results(self) -> dict:
         return summarize(self)
@@ -327,6 +331,15 @@ class Soak:
 
 # ------------------------------------------------------------------------------------------------
 # Results
+
+
+def sent_inference(soak: Soak) -> tuple[int, int]:
+    """(inference requests the load and the naive watchdogs sent, hangwatch's idle probes through
+    the proxy before the cutoff): what vLLM's own count must come to."""
+    load_and_naive = sum(load_.sent() for load_ in soak.loads.values()) + sum(
+        len(naive.snapshot()[0]) for naive in soak.naive.values())
+    hangwatch = sum(1 for r in soak.proxy.sent() if r.at < soak.marks.cutoff and r.method == "POST")
+    return load_and_naive, hangwatch
 
 
 def summarize(soak: Soak) -> dict:
@@ -381,9 +394,7 @@ def summarize(soak: Soak) -> dict:
             "cpu": soak.cpu.get(phase, {}),
         }
 
-    sent_total = sum(load_.sent() for load_ in soak.loads.values()) + sum(
-        len(c) for c in naive_checks.values())
-    hangwatch_inference = sum(1 for r in measured if r.method == "POST")
+    sent_total, hangwatch_inference = sent_inference(soak)
     cross = None
     if soak.last is not None:
         counted = soak.last.inference_requests - soak.first.inference_requests
