@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import requests
@@ -165,9 +166,12 @@ class Merged(list):
         self.into.append((self.name, item[0], item[1]))
 
 
-def test_an_idle_probe_lends_its_slot_out_while_its_idle_confirmation_waits(exporters):
+def test_an_idle_probe_lends_its_slot_out_while_its_idle_confirmation_waits(exporters, monkeypatch):
     """With one probe slot, a second idle probe is read while the first one waits between its two
-    readings (held through that wait, 64 slots answered a cold burst of 1,000 probes 503)."""
+    readings (held through that wait, 64 slots answered a cold burst of 1,000 probes 503). The
+    wait is made 2 s so that the second probe, sent once the first one's first reading is in,
+    arrives within it on a loaded machine."""
+    monkeypatch.setattr("hangwatch.observe.IDLE_CONFIRM_S", 2.0)
     arrived: list[tuple[str, str, str]] = []
     backends = {}
     for name in ("a", "b"):
@@ -184,10 +188,14 @@ def test_an_idle_probe_lends_its_slot_out_while_its_idle_confirmation_waits(expo
 
         def scrape(name):
             answers[name] = requests.get(f"{url}/probe", params={"target": backends[name].url}, timeout=20)
-        threads = [threading.Thread(target=scrape, args=(name,)) for name in backends]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
+        threads = {name: threading.Thread(target=scrape, args=(name,)) for name in backends}
+        threads["a"].start()
+        deadline = time.monotonic() + 20
+        while ("a", "GET", "/metrics") not in arrived:  # a holds the one slot, then waits
+            assert time.monotonic() < deadline, "the first probe never read its backend"
+            time.sleep(0.01)
+        threads["b"].start()
+        for thread in threads.values():
             thread.join(30)
     finally:
         for backend in backends.values():
@@ -195,5 +203,5 @@ def test_an_idle_probe_lends_its_slot_out_while_its_idle_confirmation_waits(expo
     for name, answer in answers.items():
         assert answer.status_code == 200 and "hangwatch_probe_success 1.0" in answer.text, (name, answer.text[:300])
     readings = [name for name, method, path in arrived if path == "/metrics"]
-    assert sorted(readings) == ["a", "a", "b", "b"], arrived
-    assert readings[0] != readings[1], f"the second probe waited for the first one's whole observation: {arrived}"
+    assert readings[:2] == ["a", "b"] and sorted(readings) == ["a", "a", "b", "b"], \
+        f"the second probe waited for the first one's whole observation: {arrived}"
