@@ -7,12 +7,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from http.client import responses  # reason phrases by status
-from typing import Awaitable, Callable, Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple, Protocol
 
 import httptools
 
 MAX_HEAD_BYTES = 16384      # request line and headers; Prometheus sends ~300 bytes
 MAX_HEADERS = 100
+
+
+class Slot(Protocol):
+    """The work slot a request holds (``Connection``): a wait is not work."""
+
+    async def pause(self, seconds: float, within: float) -> bool:
+        """Wait ``seconds`` without the slot, then hold one again before work not yet started;
+        False when none came within ``within`` seconds."""
+
+    def release(self) -> None:
+        """Give the slot back for good: what is left is waiting for work done elsewhere (a
+        shared check), then cheap."""
 
 
 class Request(NamedTuple):
@@ -25,8 +37,7 @@ class Request(NamedTuple):
     headers: Mapping[str, str]        # names in lower case
     received: float                   # time.monotonic() when the head was complete
     client: str = ""
-    # await pause(seconds, within) -> bool: wait without holding a work slot (``Connection.pause``)
-    pause: Callable[[float, float], Awaitable[bool]] | None = None
+    slot: Slot | None = None          # the work slot it holds (work routes only)
 
 
 class Response(NamedTuple):

@@ -86,7 +86,7 @@ class Prober:
     async def route(self, request: Request) -> Response:
         waited = time.monotonic() - request.received
         code, content_type, body = await self.answer(request.query, request.headers.get(SCRAPE_TIMEOUT_HEADER),
-                                                     waited, request.pause or sleep)
+                                                     waited, request.slot.pause if request.slot else sleep)
         asked = self.asked(request.query)  # (kept: no second reading of the query)
         module = asked.module if isinstance(asked, Asked) else module_label(request.query)
         probes_counter(module, code).inc()

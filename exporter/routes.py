@@ -36,6 +36,10 @@ def health_route(endpoint: str, config: ExporterConfig, checks, guard=None) -> R
     captures = LivezCaptures(config, guard) if endpoint == "livez" and guard is not None else None
 
     async def handler(request: Request) -> Response:
+        # The check is a task of its own, shared, that mostly sleeps between its readings (2 s
+        # apart, up to 9 s): waiting for it holds no slot. The slot admitted this request.
+        if request.slot is not None:
+            request.slot.release()
         answer = await answer_health(endpoint, request.query, config, checks)
         if captures is not None:  # the stacks at the first 503 (docs/kubernetes.md)
             captures.seen(request.query, answer[0])

@@ -268,3 +268,29 @@ def test_readiness_and_liveness_of_a_complete_check_follow_the_verdict():
     down = Bounded(CheckResult(Verdict("down", "connection refused"), "backend",
                                (Observation(0.0, "refused", error="connection refused"),)), True, 0.0)
     assert liveness(down).ok and not readiness(down).ok
+
+
+def test_a_livez_awaiting_its_check_holds_no_probe_slot(exporters, sim):
+    """A /livez check mostly waits (here, for a frozen engine's probes to time out, 1 s each): the
+    request holds no slot meanwhile, so with one slot a /probe of another target is answered
+    while the /livez is still waiting."""
+    slow = {"liveness_interval": "1s", "liveness_timeout": "1s", "liveness_budget": "5s", "max_concurrent_probes": 1}
+    _, url = exporters(exporter_config(slow))
+    other = Simulator().start()
+    done = {}
+    try:
+        sim.set_state("frozen_idle")
+
+        def livez():
+            done["livez"] = ask(url, "livez", sim.url)[0]
+        thread = threading.Thread(target=livez)
+        thread.start()
+        assert sim.wait_for(lambda: sim.inference_requests == 1, timeout=5), "the check's first probe did not arrive"
+        probe = requests.get(f"{url}/probe", params={"target": other.url}, timeout=10)
+        livez_answered_first = "livez" in done
+        thread.join(15)
+    finally:
+        other.stop()
+    assert probe.status_code == 200 and "hangwatch_probe_success 1.0" in probe.text, probe.text[:300]
+    assert not livez_answered_first, "the /probe waited for the slot the /livez held through its check"
+    assert done["livez"].status_code == 503

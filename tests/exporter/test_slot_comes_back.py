@@ -148,7 +148,7 @@ def test_paused_work_lends_its_slot_out_and_gets_one_again_before_work_not_yet_s
     async def work(request):
         events.append(f"start {request.query}")
         if request.query == "pauser":
-            paused["pauser"] = await request.pause(0.05, 30.0)
+            paused["pauser"] = await request.slot.pause(0.05, 30.0)
             events.append("pauser resumed")
         else:
             release[request.query] = asyncio.Event()
@@ -187,7 +187,7 @@ def test_paused_work_that_gets_no_slot_in_time_is_told_so_and_gives_back_nothing
 
     async def work(request):
         if request.query == "pauser":
-            paused["pauser"] = await request.pause(0.01, 0.05)
+            paused["pauser"] = await request.slot.pause(0.01, 0.05)
         else:
             paused["holder"] = asyncio.Event()
             await paused["holder"].wait()
@@ -220,7 +220,7 @@ def test_a_connection_gone_while_its_work_pauses_leaves_every_slot_counted_once(
 
     async def work(request):
         if request.query == "pauser":
-            await request.pause(0.2 if when == "sleeping" else 0.01, 30.0)
+            await request.slot.pause(0.2 if when == "sleeping" else 0.01, 30.0)
             await asyncio.sleep(30)  # (never reached when the connection is gone first)
         else:
             holder["event"] = asyncio.Event()
