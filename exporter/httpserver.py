@@ -287,8 +287,7 @@ class Connection(asyncio.Protocol):
         self.busy = True
         self.client_record.idle.pop(self, None)
         self.head = (head, parsed)
-        request = Request(parsed.method, parsed.path, parsed.query, parsed.headers, time.monotonic(), self.client,
-                          self)
+        request = Request(parsed.method, parsed.path, parsed.query, parsed.headers, time.monotonic(), self.client, self)
         route = self.server.routes.get(request.path)
         if request.method not in ("GET", "HEAD"):
             self._respond(Response(405, "text/plain; charset=utf-8", b"only GET and HEAD\n", (("Allow", "GET, HEAD"),)))
@@ -320,19 +319,16 @@ class Connection(asyncio.Protocol):
         self.holding = True
         self.task = self.loop.create_task(self._run(*self.work))
 
-    # -- the slot (``httpwire.Slot``): a wait is not work ---------------------------------------
     async def pause(self, seconds: float, within: float) -> bool:
-        """Wait ``seconds`` without holding a slot, then hold one again before any work not yet
-        started; False when none came free within ``within`` seconds. 64 idle probes holding
-        every slot through their idle confirmation's sleep answered a burst of 1,000 probes 503
-        (bench/RESULTS-busy-spread.md)."""
+        """``httpwire.Slot.pause``. A wait is not work: 64 idle probes holding every slot through
+        their confirmation's sleep answered a burst of 1,000 probes 503 (bench/RESULTS-busy-spread.md)."""
         self._give_back()
         await asyncio.sleep(seconds)
         self.holding = await self.admission.retake(self.client_record, within)
         return self.holding
 
     def release(self) -> None:
-        """The slot back for good (a /livez awaiting a shared check that sleeps between readings)."""
+        """``httpwire.Slot.release`` (a /livez awaiting a shared check that sleeps between readings)."""
         self._give_back()
 
     def _give_back(self) -> None:
