@@ -37,7 +37,7 @@ class Request(NamedTuple):
     headers: Mapping[str, str]        # names in lower case
     received: float                   # time.monotonic() when the head was complete
     client: str = ""
-    slot: Slot | None = None          # the work slot it holds (work routes only)
+    slot: Slot | None = None          # its connection's slot (held only while a work route runs)
 
 
 class Response(NamedTuple):

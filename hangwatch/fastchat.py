@@ -145,7 +145,7 @@ def api_models(message: str) -> tuple[str, ...] | None:
 
 async def observe_api(client: Client, url: str, deadline: Deadline, options: Options = Options(), *,
                 clock: Callable[[], float] = time.monotonic, known: ModelMemo | None = None,
-                       pause: Pause = sleep) -> Observation:
+                pause: Pause = sleep) -> Observation:
     """A chat request naming a model that cannot exist: 400 with the registered models is an answer."""
     base_url = url.rstrip("/")
     taken_at = clock()
