@@ -13,6 +13,12 @@ query may narrow what the config allows for a target, never widen it): the expor
 an open relay, and a check uses the target's key only where the config sends it. The body is one JSON object (the check's own
 ``hangwatch check --json`` fields plus the decision), for people and routers; a kubelet
 reads only the status.
+
+A check runs on after its callers have gone (shielded; its own budget bounds it), so where the
+config does not list the targets (``allow_targets`` empty: any target on loopback, or
+``allow_any_target``) distinct targets could start checks without end: there at most
+``max_concurrent_probes`` run at once, and a call that would start one more is answered as
+overloaded (``overloaded``). With ``allow_targets``, the config itself bounds them.
 """
 from __future__ import annotations
 
@@ -41,6 +47,17 @@ CHECKS = Counter("hangwatch_exporter_health_checks", "Bounded checks started for
                  "(fewer than answers when concurrent calls share one).")
 
 JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
+
+
+class ChecksFull(Exception):
+    """As many checks as allowed are running, none of them this call's to share."""
+
+
+def overloaded(endpoint: str) -> tuple[int, str, bytes]:
+    """No check for this call now. Liveness says alive (a restart needs proof of a hang),
+    readiness says not ready."""
+    return 200 if endpoint == "livez" else 503, TEXT, b"overloaded: no slot free to check; not a verdict on the target\n"
 
 
 class SharedChecks:
@@ -49,17 +66,21 @@ class SharedChecks:
     check may overrun it — one request trickling — and is still shared until it ends)."""
 
     def __init__(self, run: Callable[[str, str, Options], Awaitable[Bounded | None]], budget: float,
-                 clock: Callable[[], float] = time.monotonic, startup: StartupClock | None = None):
-        self._run, self._budget, self._clock = run, budget, clock
+                 clock: Callable[[], float] = time.monotonic, startup: StartupClock | None = None,
+                 most: int | None = None):
+        self._run, self._budget, self._clock, self.most = run, budget, clock, most  # most: at once (None: any)
         self.startup = startup  # with startup_deadline: how long each target has been down
         self._running: dict[tuple[str, str, Options], tuple[asyncio.Task, float]] = {}
 
     async def result(self, target: str, module: str, options: Options = Options()) -> tuple[Bounded | None, bool]:
-        """The check's outcome (None: not finished by its deadline) and whether it was shared."""
+        """The check's outcome (None: not finished by its deadline) and whether it was shared.
+        Raises ``ChecksFull`` when it would start one more check than ``most``."""
         key = (target, module, options)
         running = self._running.get(key)
         shared = running is not None
         if running is None:
+            if self.most is not None and len(self._running) >= self.most:
+                raise ChecksFull
             task = asyncio.get_running_loop().create_task(self._check(key), name=f"hangwatch-check-{target}")
             running = self._running[key] = (task, self._clock() + self._budget)
             CHECKS.inc()
@@ -87,7 +108,8 @@ def shared_checks(config: ExporterConfig) -> SharedChecks:
             target, module=module, interval=config.liveness_interval, timeout=config.liveness_timeout,
             budget=config.liveness_budget, api_key=options.api_key, probe=options.probe, client=client)
     startup = StartupClock(config.startup_deadline) if config.startup_deadline else None
-    return SharedChecks(run, config.liveness_budget, startup=startup)
+    most = None if config.allow_targets else config.max_concurrent_probes  # (listed targets bound them)
+    return SharedChecks(run, config.liveness_budget, startup=startup, most=most)
 
 
 async def answer_health(endpoint: str, query: str, config: ExporterConfig,
@@ -99,7 +121,12 @@ async def answer_health(endpoint: str, query: str, config: ExporterConfig,
         return read.code, "text/plain", f"{read.why}\n".encode()
     target, module = read.target, read.module
     started = time.monotonic()
-    outcome, shared = await checks.result(target, module, read.options)
+    try:
+        outcome, shared = await checks.result(target, module, read.options)
+    except ChecksFull:
+        answer = overloaded(endpoint)
+        ANSWERS.labels(endpoint, str(answer[0])).inc()
+        return answer
     answer = (liveness.liveness if endpoint == "livez" else liveness.readiness)(outcome)
     if checks.startup is not None and outcome is not None:
         down_for = checks.startup.overdue((target, module), outcome.verdict.state)

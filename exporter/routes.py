@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from .config import ExporterConfig
 from .forensics import LivezCaptures, capture_guard, forensics_route
-from .health import answer_health, shared_checks
+from .health import answer_health, overloaded, shared_checks
 from .httpserver import Request, Response, Route
-from .prober import TEXT, Prober
+from .prober import Prober
 from .selfmetrics import own_metrics
 
 INDEX = b"""<html><head><title>hangwatch exporter</title></head><body>
@@ -45,10 +45,8 @@ def health_route(endpoint: str, config: ExporterConfig, checks, guard=None) -> R
             captures.seen(request.query, answer[0])
         return Response(*answer)
 
-    def overloaded(request: Request) -> Response:
-        code = 200 if endpoint == "livez" else 503
-        return Response(code, TEXT, b"overloaded: no slot free to check; not a verdict on the target\n")
-    return Route(handler, start_within=lambda request: config.liveness_budget / 4, overloaded=overloaded)
+    return Route(handler, start_within=lambda request: config.liveness_budget / 4,
+                 overloaded=lambda request: Response(*overloaded(endpoint)))
 
 
 def routes(config: ExporterConfig, prober: Prober) -> dict[str, Route]:

@@ -16,7 +16,7 @@ import requests
 
 from hangwatch.cli import main as hangwatch_main
 from hangwatch.exporter.config import ConfigError, ExporterConfig, exporter_config
-from hangwatch.exporter.health import SharedChecks
+from hangwatch.exporter.health import ChecksFull, SharedChecks
 from hangwatch.liveness import Bounded, bounded_check, liveness, needed_budget, readiness
 from hangwatch.simulator import Simulator
 from tests.support.pages import Page, PageServer
@@ -169,6 +169,30 @@ def test_shared_check_that_overruns_answers_at_its_deadline_and_is_never_doubled
     asyncio.run(scenario())
 
 
+def test_no_more_checks_than_most_run_at_once_and_a_running_one_is_still_shared():
+    async def scenario():
+        release, calls = asyncio.Event(), []
+
+        async def run(target, module, options):
+            calls.append(target)
+            await asyncio.wait_for(release.wait(), 10)
+            return target
+
+        checks = SharedChecks(run, budget=5.0, most=2)
+        first = [asyncio.ensure_future(checks.result(f"http://{host}:1", "backend")) for host in "ab"]
+        await asyncio.sleep(0.05)
+        with pytest.raises(ChecksFull):
+            await checks.result("http://c:1", "backend")
+        shared = asyncio.ensure_future(checks.result("http://a:1", "backend"))
+        await asyncio.sleep(0.05)
+        release.set()
+        assert await asyncio.gather(*first, shared) == [("http://a:1", False), ("http://b:1", False),
+                                                         ("http://a:1", True)]
+        assert await checks.result("http://c:1", "backend") == ("http://c:1", False)  # room again
+        assert calls == ["http://a:1", "http://b:1", "http://c:1"]
+    asyncio.run(scenario())
+
+
 def test_concurrent_callers_share_one_check_task_and_no_thread():
     """/livez and /readyz callers await one task on the loop: no thread per check."""
     async def scenario():
@@ -294,3 +318,35 @@ def test_a_livez_awaiting_its_check_holds_no_probe_slot(exporters, sim):
     assert probe.status_code == 200 and "hangwatch_probe_success 1.0" in probe.text, probe.text[:300]
     assert not livez_answered_first, "the /probe waited for the slot the /livez held through its check"
     assert done["livez"].status_code == 503
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["any-target", "allow-targets"])
+def test_checks_of_unlisted_targets_are_bounded_by_the_probe_slots(exporters, sim, listed):
+    """A check outlives its callers, so where the config lists no targets, distinct targets could
+    start checks without end: at most max_concurrent_probes run at once, and a call for one more
+    target is answered overloaded (alive, not ready, not a verdict) without reading it. Targets
+    listed in allow_targets bound the checks themselves: there every target is checked."""
+    other = Simulator().start()
+    settings = {"liveness_interval": "1s", "liveness_timeout": "1s", "liveness_budget": "5s",
+                "max_concurrent_probes": 1} | ({"allow_targets": [sim.url, other.url]} if listed else {})
+    _, url = exporters(exporter_config(settings))
+    done = {}
+    try:
+        sim.set_state("frozen_idle")
+        thread = threading.Thread(target=lambda: done.setdefault("first", ask(url, "livez", sim.url)[0]))
+        thread.start()
+        assert sim.wait_for(lambda: sim.inference_requests == 1, timeout=5), "the first check's probe did not arrive"
+        live, ready = ask(url, "livez", other.url)[0], ask(url, "readyz", other.url)[0]
+        running = "first" not in done
+        thread.join(15)
+    finally:
+        other.stop()
+    assert running, "the first check ended before the second target was asked: nothing was bounded"
+    assert done["first"].status_code == 503  # its own verdict (hung), unchanged by the other calls
+    if listed:
+        assert (live.status_code, ready.status_code) == (200, 200), (live.text, ready.text)
+        assert live.json()["verdict"] == "idle"
+    else:
+        assert (live.status_code, ready.status_code) == (200, 503), (live.text, ready.text)
+        assert live.text.startswith("overloaded") and ready.text.startswith("overloaded")
+        assert other.http_requests == 0  # not read at all
