@@ -674,9 +674,12 @@ class VLLMServer:
 
     def complete(self, prompt: str = "hello world", max_tokens: int = 1,
                  timeout: float = 30) -> dict:
+        args = self.extra_args  # a server started with --api-key is asked with its key
+        key = args[args.index("--api-key") + 1] if "--api-key" in args[:-1] else None
         r = requests.post(f"{self.url}/v1/completions",
                           json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
-                                "temperature": 0.0}, timeout=timeout)
+                                "temperature": 0.0}, timeout=timeout,
+                          headers={"Authorization": f"Bearer {key}"} if key else None)
         r.raise_for_status()
         return r.json()
 

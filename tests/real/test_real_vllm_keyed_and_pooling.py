@@ -119,7 +119,7 @@ def test_keyed_server_frozen_at_idle_is_hung_with_the_key(keyed, key_file):
         keyed.thaw()
     assert (result["verdict"], result["exit_code"]) == ("hung", 1), result["reason"]
     assert "probe failed 2 times" in result["reason"]
-    keyed.wait_idle(60)  # the two probes finish after the thaw
+    keyed.prove_healthy()  # serving again: the first pages after a thaw are the ones from before the freeze
 
 
 def test_keyed_server_frozen_at_idle_without_the_key_is_not_restartable(keyed):
@@ -170,15 +170,13 @@ def test_pooling_server_busy_with_long_embeddings_is_never_hung(pooling):
     for worker in workers:
         worker.start()
     try:
-        page = pooling.wait_until(lambda p: (p.value(RUNNING) or 0) >= 1, 60, what="a long embedding running")
-        busy_seen = page.value(RUNNING)
+        pooling.wait_until(lambda p: (p.value(RUNNING) or 0) >= 1, 60, what="a long embedding running")
         results = [hangwatch_check(pooling.url, "--interval", "1") for _ in range(4)]
     finally:
         stop.set()
         for worker in workers:
             worker.join(150)
     assert not errors, errors
-    assert busy_seen >= 1
     for result in results:
         assert result["verdict"] in ("busy", "idle") and result["exit_code"] == 0, result["reason"]
     assert any(r["verdict"] == "busy" for r in results), [r["reason"] for r in results]

@@ -197,7 +197,7 @@ def test_one_request_stuck_while_others_finish_is_the_known_blind_spot(faulty_vl
         after = faulty_vllm.wait_until(lambda p: p.value(e2e) > before.value(e2e), 60,
                                        what="another request finished beside the stuck one")
         finished = after.value(e2e) - before.value(e2e)
-        assert finished > 0 and after.value("vllm:num_requests_running") >= 1
+        assert after.value("vllm:num_requests_running") >= 1, "the stuck request is no longer in flight"
         assert stuck.is_alive()
         print(f"one request stuck: running >= 1 before and after the check ({time.monotonic() - started:.1f} s), "
               f"{finished:g} others "
