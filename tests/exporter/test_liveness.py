@@ -326,21 +326,23 @@ def test_checks_of_unlisted_targets_are_bounded_by_the_probe_slots(exporters, si
     start checks without end: at most max_concurrent_probes run at once, and a call for one more
     target is answered overloaded (alive, not ready, not a verdict) without reading it. Targets
     listed in allow_targets bound the checks themselves: there every target is checked."""
-    other = Simulator().start()
+    other, unread = Simulator().start(), PageServer()  # (a PageServer counts the connections it accepts)
     settings = {"liveness_interval": "1s", "liveness_timeout": "1s", "liveness_budget": "5s",
                 "max_concurrent_probes": 1} | ({"allow_targets": [sim.url, other.url]} if listed else {})
     _, url = exporters(exporter_config(settings))
+    second = other.url if listed else unread.url
     done = {}
     try:
         sim.set_state("frozen_idle")
         thread = threading.Thread(target=lambda: done.setdefault("first", ask(url, "livez", sim.url)[0]))
         thread.start()
         assert sim.wait_for(lambda: sim.inference_requests == 1, timeout=5), "the first check's probe did not arrive"
-        live, ready = ask(url, "livez", other.url)[0], ask(url, "readyz", other.url)[0]
+        live, ready = ask(url, "livez", second)[0], ask(url, "readyz", second)[0]
         running = "first" not in done
         thread.join(15)
     finally:
         other.stop()
+        unread.stop()
     assert running, "the first check ended before the second target was asked: nothing was bounded"
     assert done["first"].status_code == 503  # its own verdict (hung), unchanged by the other calls
     if listed:
@@ -349,4 +351,4 @@ def test_checks_of_unlisted_targets_are_bounded_by_the_probe_slots(exporters, si
     else:
         assert (live.status_code, ready.status_code) == (200, 503), (live.text, ready.text)
         assert live.text.startswith("overloaded") and ready.text.startswith("overloaded")
-        assert other.http_requests == 0  # not read at all
+        assert unread.connections == 0  # not read at all
