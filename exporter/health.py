@@ -55,9 +55,11 @@ class ChecksFull(Exception):
 
 
 def overloaded(endpoint: str) -> tuple[int, str, bytes]:
-    """No check for this call now. Liveness says alive (a restart needs proof of a hang),
-    readiness says not ready."""
-    return 200 if endpoint == "livez" else 503, TEXT, b"overloaded: no slot free to check; not a verdict on the target\n"
+    """No check for this call now (no slot free in time, or ``ChecksFull``); counted as any
+    answer. Liveness says alive (a restart needs proof of a hang), readiness says not ready."""
+    code = 200 if endpoint == "livez" else 503
+    ANSWERS.labels(endpoint, str(code)).inc()
+    return code, TEXT, b"overloaded: no slot free to check; not a verdict on the target\n"
 
 
 class SharedChecks:
@@ -124,9 +126,7 @@ async def answer_health(endpoint: str, query: str, config: ExporterConfig,
     try:
         outcome, shared = await checks.result(target, module, read.options)
     except ChecksFull:
-        answer = overloaded(endpoint)
-        ANSWERS.labels(endpoint, str(answer[0])).inc()
-        return answer
+        return overloaded(endpoint)
     answer = (liveness.liveness if endpoint == "livez" else liveness.readiness)(outcome)
     if checks.startup is not None and outcome is not None:
         down_for = checks.startup.overdue((target, module), outcome.verdict.state)

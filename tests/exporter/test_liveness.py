@@ -8,6 +8,7 @@ target validation and allowlist as /probe.
 """
 import asyncio
 import json
+import re
 import threading
 import time
 
@@ -337,8 +338,10 @@ def test_checks_of_unlisted_targets_are_bounded_by_the_probe_slots(exporters, si
         thread = threading.Thread(target=lambda: done.setdefault("first", ask(url, "livez", sim.url)[0]))
         thread.start()
         assert sim.wait_for(lambda: sim.inference_requests == 1, timeout=5), "the first check's probe did not arrive"
+        before = health_answers(url)
         live, ready = ask(url, "livez", second)[0], ask(url, "readyz", second)[0]
-        running = "first" not in done
+        counted = {key: value - before.get(key, 0) for key, value in health_answers(url).items()}
+        running = "first" not in done  # (after the count: the first check's answer is not in it)
         thread.join(15)
     finally:
         other.stop()
@@ -352,3 +355,11 @@ def test_checks_of_unlisted_targets_are_bounded_by_the_probe_slots(exporters, si
         assert (live.status_code, ready.status_code) == (200, 503), (live.text, ready.text)
         assert live.text.startswith("overloaded") and ready.text.startswith("overloaded")
         assert unread.connections == 0  # not read at all
+    assert {key: n for key, n in counted.items() if n} == {("livez", "200"): 1, ("readyz", str(ready.status_code)): 1}
+
+
+def health_answers(url) -> dict[tuple[str, str], float]:
+    """The exporter's ``hangwatch_exporter_health_answers_total`` by (endpoint, code)."""
+    found = re.findall(r'hangwatch_exporter_health_answers_total\{code="(\d+)",endpoint="(\w+)"\} (\S+)',
+                       requests.get(f"{url}/metrics", timeout=5).text)
+    return {(endpoint, code): float(value) for code, endpoint, value in found}
