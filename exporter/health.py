@@ -14,11 +14,11 @@ an open relay, and a check uses the target's key only where the config sends it.
 ``hangwatch check --json`` fields plus the decision), for people and routers; a kubelet
 reads only the status.
 
-A check runs on after its callers have gone (shielded; its own budget bounds it), so where the
-config does not list the targets (``allow_targets`` empty: any target on loopback, or
-``allow_any_target``) distinct targets could start checks without end: there at most
-``max_concurrent_probes`` run at once, and a call that would start one more is answered as
-overloaded (``overloaded``). With ``allow_targets``, the config itself bounds them.
+A check runs on after its callers have gone (shielded; its own budget bounds it), so targets
+the config does not list (``allow_targets`` empty: any target on loopback, or
+``allow_any_target``) could start checks without end: at most ``max_concurrent_probes`` checks
+of unlisted targets run at once, and a call that would start one more is answered as overloaded
+(``overloaded``). The targets in ``allow_targets`` and ``targets`` bound their own checks.
 """
 from __future__ import annotations
 
@@ -69,19 +69,21 @@ class SharedChecks:
 
     def __init__(self, run: Callable[[str, str, Options], Awaitable[Bounded | None]], budget: float,
                  clock: Callable[[], float] = time.monotonic, startup: StartupClock | None = None,
-                 most: int | None = None):
-        self._run, self._budget, self._clock, self.most = run, budget, clock, most  # most: at once (None: any)
+                 most: int | None = None, listed: frozenset[str] = frozenset()):
+        self._run, self._budget, self._clock = run, budget, clock
+        self.most, self.listed = most, listed  # at most ``most`` checks of targets not ``listed`` at once
         self.startup = startup  # with startup_deadline: how long each target has been down
         self._running: dict[tuple[str, str, Options], tuple[asyncio.Task, float]] = {}
 
     async def result(self, target: str, module: str, options: Options = Options()) -> tuple[Bounded | None, bool]:
         """The check's outcome (None: not finished by its deadline) and whether it was shared.
-        Raises ``ChecksFull`` when it would start one more check than ``most``."""
+        Raises ``ChecksFull`` when it would start one more check of an unlisted target than ``most``."""
         key = (target, module, options)
         running = self._running.get(key)
         shared = running is not None
         if running is None:
-            if self.most is not None and len(self._running) >= self.most:
+            if self.most is not None and target not in self.listed and \
+                    sum(running not in self.listed for running, _, _ in self._running) >= self.most:
                 raise ChecksFull
             task = asyncio.get_running_loop().create_task(self._check(key), name=f"hangwatch-check-{target}")
             running = self._running[key] = (task, self._clock() + self._budget)
@@ -110,8 +112,8 @@ def shared_checks(config: ExporterConfig) -> SharedChecks:
             target, module=module, interval=config.liveness_interval, timeout=config.liveness_timeout,
             budget=config.liveness_budget, api_key=options.api_key, probe=options.probe, client=client)
     startup = StartupClock(config.startup_deadline) if config.startup_deadline else None
-    most = None if config.allow_targets else config.max_concurrent_probes  # (listed targets bound them)
-    return SharedChecks(run, config.liveness_budget, startup=startup, most=most)
+    listed = frozenset(config.allow_targets) | {options.url for options in config.targets}
+    return SharedChecks(run, config.liveness_budget, startup=startup, most=config.max_concurrent_probes, listed=listed)
 
 
 async def answer_health(endpoint: str, query: str, config: ExporterConfig,

@@ -321,15 +321,18 @@ def test_a_livez_awaiting_its_check_holds_no_probe_slot(exporters, sim):
     assert done["livez"].status_code == 503
 
 
-@pytest.mark.parametrize("listed", [False, True], ids=["any-target", "allow-targets"])
+@pytest.mark.parametrize("listed", [None, "allow_targets", "targets"])
 def test_checks_of_unlisted_targets_are_bounded_by_the_probe_slots(exporters, sim, listed):
-    """A check outlives its callers, so where the config lists no targets, distinct targets could
-    start checks without end: at most max_concurrent_probes run at once, and a call for one more
-    target is answered overloaded (alive, not ready, not a verdict) without reading it. Targets
-    listed in allow_targets bound the checks themselves: there every target is checked."""
+    """A check outlives its callers, so targets the config does not list could start checks
+    without end: at most max_concurrent_probes checks of unlisted targets run at once, and a call
+    for one more is answered overloaded (alive, not ready, not a verdict) without reading it.
+    Targets listed in allow_targets or targets bound their own checks: every one is checked."""
     other, unread = Simulator().start(), PageServer()  # (a PageServer counts the connections it accepts)
-    settings = {"liveness_interval": "1s", "liveness_timeout": "1s", "liveness_budget": "5s",
-                "max_concurrent_probes": 1} | ({"allow_targets": [sim.url, other.url]} if listed else {})
+    settings = {"liveness_interval": "1s", "liveness_timeout": "1s", "liveness_budget": "5s", "max_concurrent_probes": 1}
+    if listed == "allow_targets":
+        settings["allow_targets"] = [sim.url, other.url]
+    elif listed == "targets":  # (any target is allowed on loopback; these two are listed)
+        settings["targets"] = [{"url": sim.url}, {"url": other.url}]
     _, url = exporters(exporter_config(settings))
     second = other.url if listed else unread.url
     done = {}
