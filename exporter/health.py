@@ -83,7 +83,7 @@ class SharedChecks:
         shared = running is not None
         if running is None:
             if self.most is not None and target not in self.listed and \
-                    sum(running not in self.listed for running, _, _ in self._running) >= self.most:
+                    sum(other not in self.listed for other, _, _ in self._running) >= self.most:
                 raise ChecksFull
             task = asyncio.get_running_loop().create_task(self._check(key), name=f"hangwatch-check-{target}")
             running = self._running[key] = (task, self._clock() + self._budget)
